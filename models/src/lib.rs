@@ -1,0 +1,1 @@
+//! Model ports on candle-fp4.

@@ -1,0 +1,21 @@
+//! # candle-fp4
+//!
+//! FP4 LLM inference for [Candle](https://github.com/huggingface/candle):
+//!
+//! * [`nvfp4`]: the NVFP4 weight format as NVIDIA ModelOpt writes it (E2M1 codes,
+//!   E4M3 block scales per 16 values, FP32 global scale), a quantizer that reproduces
+//!   ModelOpt bit for bit, and the 128×4 block-scale swizzle that the kernels read.
+//! * [`gemv`]: small-M (M ≤ 32) GEMV ops for NVFP4 and BF16 weights, with an optional
+//!   fused `silu(gate)·up` epilogue, as candle custom ops (CPU oracle, CUDA kernels).
+//! * [`tables`]: per-GPU tuned tables saying when the GEMV beats candle's matmul.
+//! * [`quant_linear`] / [`quant_config`]: a candle `Module` that loads ModelOpt NVFP4
+//!   (or BF16) layers and dispatches between GEMV and matmul.
+//! * [`ultraquant`]: the UltraQuant FP4 KV-cache format (E2M1 + UE8M0 per 32, K
+//!   Walsh–Hadamard rotated).
+
+pub mod gemv;
+pub mod nvfp4;
+pub mod quant_config;
+pub mod quant_linear;
+pub mod tables;
+pub mod ultraquant;
