@@ -13,6 +13,8 @@
 //! * [`ultraquant`]: the UltraQuant FP4 KV-cache format (E2M1 + UE8M0 per 32, K
 //!   Walsh–Hadamard rotated).
 
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod gemv;
 pub mod nvfp4;
 pub mod quant_config;

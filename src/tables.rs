@@ -1,1 +1,297 @@
-//! TODO
+//! Tuned dispatch tables: per GPU architecture, for which `(N, K, silu_mul, bf16)` and
+//! token tiles the GEMV beats candle's matmul.
+//!
+//! One JSON file per architecture (`tables/sm90.json`, ...), embedded at build time and
+//! overridable at run time by the environment variable [`TABLES_ENV`] (a folder holding
+//! `<arch>.json`, or one file). A token tile `nt ∈ {1, 2, 4}` covers `8·nt` tokens.
+//! Entries are written only from measurements (`benches/`); an absent entry means "use
+//! matmul".
+//!
+//! ```json
+//! { "arch": "sm90", "device": "NVIDIA H200", "measured": "2026-11-30 ...",
+//!   "entries": [ { "n": 4096, "k": 4096, "silu_mul": false, "bf16": false, "nts": [1, 2] } ] }
+//! ```
+
+use candle_core::{bail, Device, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Environment variable overriding the embedded tables: a folder with `<arch>.json` files
+/// or the path of one table file.
+pub const TABLES_ENV: &str = "CANDLE_FP4_TABLES";
+
+/// Token-tile counts the kernels are built for (`8·nt` tokens each).
+pub const NT_CHOICES: [usize; 3] = [1, 2, 4];
+
+/// One tuned shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableEntry {
+    /// Output features (for `silu_mul`, the fused `[gate | up]` row count).
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    /// Whether the fused `silu(gate)·up` epilogue is on.
+    pub silu_mul: bool,
+    /// BF16 weight (true) or NVFP4 weight (false).
+    pub bf16: bool,
+    /// Token tiles at which the GEMV was measured faster than matmul.
+    pub nts: Vec<usize>,
+}
+
+/// A tuned table for one architecture.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TunedTable {
+    /// Architecture tag, e.g. `sm90`.
+    pub arch: String,
+    /// The device it was measured on.
+    #[serde(default)]
+    pub device: String,
+    /// When and how it was measured.
+    #[serde(default)]
+    pub measured: String,
+    /// The tuned shapes.
+    #[serde(default)]
+    pub entries: Vec<TableEntry>,
+}
+
+impl TunedTable {
+    /// Parses and validates a table (every `nt` in {1, 2, 4}, `n`, `k` positive, `k % 64 == 0`).
+    pub fn from_json(text: &str, origin: &str) -> Result<Self> {
+        let t: TunedTable = serde_json::from_str(text)
+            .map_err(|e| candle_core::Error::Msg(format!("tuned table {origin}: {e}")))?;
+        for e in &t.entries {
+            if e.n == 0 || e.k == 0 || e.k % crate::gemv::K_ALIGN != 0 {
+                bail!(
+                    "tuned table {origin}: entry n = {}, k = {} is not a valid GEMV shape",
+                    e.n,
+                    e.k
+                );
+            }
+            if let Some(nt) = e.nts.iter().find(|nt| !NT_CHOICES.contains(nt)) {
+                bail!(
+                    "tuned table {origin}: entry {}x{} has nt = {nt}, not one of {NT_CHOICES:?}",
+                    e.n,
+                    e.k
+                );
+            }
+        }
+        Ok(t)
+    }
+
+    fn entry(&self, n: usize, k: usize, silu_mul: bool, bf16: bool) -> Option<&TableEntry> {
+        self.entries
+            .iter()
+            .find(|e| e.n == n && e.k == k && e.silu_mul == silu_mul && e.bf16 == bf16)
+    }
+
+    /// The smallest tuned `nt` with `8·nt ≥ m`, or `None` (use matmul).
+    pub fn pick_nt(
+        &self,
+        n: usize,
+        k: usize,
+        m: usize,
+        silu_mul: bool,
+        bf16: bool,
+    ) -> Option<usize> {
+        if m == 0 || m > crate::gemv::MAX_M {
+            return None;
+        }
+        let e = self.entry(n, k, silu_mul, bf16)?;
+        e.nts.iter().copied().filter(|nt| 8 * nt >= m).min()
+    }
+
+    /// Whether the shape has any tuned entry.
+    pub fn tuned(&self, n: usize, k: usize, silu_mul: bool, bf16: bool) -> bool {
+        self.entry(n, k, silu_mul, bf16)
+            .is_some_and(|e| !e.nts.is_empty())
+    }
+}
+
+/// The embedded table text for an architecture tag, if the crate ships one.
+pub fn embedded_table(arch: &str) -> Option<&'static str> {
+    match arch {
+        "sm90" => Some(include_str!("../tables/sm90.json")),
+        _ => None,
+    }
+}
+
+/// Loads the table for `arch`: from [`TABLES_ENV`] when set, else the embedded one, else
+/// an empty table (every shape uses matmul).
+pub fn load_table(arch: &str) -> Result<TunedTable> {
+    if let Ok(p) = std::env::var(TABLES_ENV) {
+        let path = std::path::Path::new(&p);
+        let file = if path.is_dir() {
+            path.join(format!("{arch}.json"))
+        } else {
+            path.to_path_buf()
+        };
+        if file.exists() {
+            let text = std::fs::read_to_string(&file).map_err(|e| {
+                candle_core::Error::Msg(format!(
+                    "{TABLES_ENV}: cannot read {}: {e}",
+                    file.display()
+                ))
+            })?;
+            let t = TunedTable::from_json(&text, &file.display().to_string())?;
+            if t.arch != arch {
+                bail!(
+                    "{TABLES_ENV}: {} is a table for {}, the device is {arch}",
+                    file.display(),
+                    t.arch
+                );
+            }
+            return Ok(t);
+        }
+        if !path.is_dir() {
+            bail!("{TABLES_ENV}: {} does not exist", file.display());
+        }
+    }
+    match embedded_table(arch) {
+        Some(text) => TunedTable::from_json(text, &format!("tables/{arch}.json")),
+        None => Ok(TunedTable {
+            arch: arch.to_string(),
+            ..Default::default()
+        }),
+    }
+}
+
+fn active() -> &'static RwLock<Option<Arc<TunedTable>>> {
+    static ACTIVE: OnceLock<RwLock<Option<Arc<TunedTable>>>> = OnceLock::new();
+    ACTIVE.get_or_init(|| RwLock::new(None))
+}
+
+/// The architecture tag of a device: `sm90` for compute capability 9.0, `None` on CPU.
+pub fn device_arch(device: &Device) -> Result<Option<String>> {
+    match device {
+        Device::Cpu => Ok(None),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => Ok(Some(crate::cuda::arch_tag(d)?)),
+        _ => bail!("candle-fp4: only CPU and CUDA devices are supported, got {device:?}"),
+    }
+}
+
+/// Makes the table of `device`'s architecture the one [`pick_nt`] and [`tuned`] read.
+/// [`QuantLinear`](crate::quant_linear::QuantLinear) calls it when it loads onto a GPU.
+/// On CPU it clears the active table.
+pub fn activate(device: &Device) -> Result<Arc<TunedTable>> {
+    let table = Arc::new(match device_arch(device)? {
+        Some(arch) => load_table(&arch)?,
+        None => TunedTable::default(),
+    });
+    let mut guard = active()
+        .write()
+        .map_err(|_| candle_core::Error::Msg("tuned table lock poisoned".into()))?;
+    *guard = Some(table.clone());
+    Ok(table)
+}
+
+/// The active table (empty until [`activate`] ran for a GPU).
+pub fn active_table() -> Arc<TunedTable> {
+    active()
+        .read()
+        .ok()
+        .and_then(|g| g.clone())
+        .unwrap_or_default()
+}
+
+/// The smallest tuned token tile `nt` (8·nt tokens) with `8·nt ≥ m` for this shape on the
+/// active GPU, or `None`: use matmul.
+pub fn pick_nt(n: usize, k: usize, m: usize, silu_mul: bool, bf16: bool) -> Option<usize> {
+    active_table().pick_nt(n, k, m, silu_mul, bf16)
+}
+
+/// Whether the active GPU's table has an entry for this shape.
+pub fn tuned(n: usize, k: usize, silu_mul: bool, bf16: bool) -> bool {
+    active_table().tuned(n, k, silu_mul, bf16)
+}
+
+/// Loads the kernels and runs each tuned variant of this shape once on `device`, so the
+/// first real call pays no module-load or first-launch cost. A no-op on CPU.
+pub fn warmup(
+    device: &Device,
+    n: usize,
+    k: usize,
+    silu_mul: bool,
+    pdl: bool,
+    bf16: bool,
+) -> Result<()> {
+    if device.is_cpu() {
+        return Ok(());
+    }
+    activate(device)?;
+    let table = active_table();
+    for nt in NT_CHOICES {
+        if table.pick_nt(n, k, 8 * nt, silu_mul, bf16) != Some(nt) {
+            continue;
+        }
+        let m = 8 * nt;
+        let x = candle_core::Tensor::zeros((m, k), candle_core::DType::BF16, device)?;
+        if bf16 {
+            let w = candle_core::Tensor::zeros((n, k), candle_core::DType::BF16, device)?;
+            crate::gemv::bf16_gemv(&x, &w, silu_mul, pdl)?;
+        } else {
+            let w = candle_core::Tensor::zeros((n, k / 2), candle_core::DType::U8, device)?;
+            let (np, sp) = crate::nvfp4::swizzled_shape(n, k / 16);
+            let s = candle_core::Tensor::zeros((np, sp), candle_core::DType::U8, device)?;
+            crate::gemv::nvfp4_gemv(&x, &w, &s, 1.0, silu_mul, pdl)?;
+        }
+    }
+    device.synchronize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> TunedTable {
+        TunedTable::from_json(
+            r#"{"arch":"sm90","entries":[
+                {"n":4096,"k":4096,"silu_mul":false,"bf16":false,"nts":[1,4]},
+                {"n":4096,"k":4096,"silu_mul":true,"bf16":false,"nts":[2]}]}"#,
+            "test",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pick_nt_takes_smallest_covering_tile() {
+        let t = table();
+        for m in 1..=8 {
+            assert_eq!(t.pick_nt(4096, 4096, m, false, false), Some(1));
+        }
+        for m in 9..=32 {
+            assert_eq!(t.pick_nt(4096, 4096, m, false, false), Some(4), "m = {m}");
+        }
+        assert_eq!(t.pick_nt(4096, 4096, 33, false, false), None);
+        assert_eq!(t.pick_nt(4096, 4096, 0, false, false), None);
+        assert_eq!(t.pick_nt(4096, 4096, 16, true, false), Some(2));
+        assert_eq!(t.pick_nt(4096, 4096, 17, true, false), None);
+        assert_eq!(t.pick_nt(4096, 4096, 1, false, true), None);
+        assert_eq!(t.pick_nt(4096, 1024, 1, false, false), None);
+        assert!(t.tuned(4096, 4096, true, false));
+        assert!(!t.tuned(4096, 4096, true, true));
+    }
+
+    #[test]
+    fn bad_tables_are_errors() {
+        assert!(TunedTable::from_json(
+            r#"{"arch":"sm90","entries":[{"n":1,"k":64,"silu_mul":false,"bf16":false,"nts":[3]}]}"#,
+            "t"
+        )
+        .is_err());
+        assert!(TunedTable::from_json(
+            r#"{"arch":"sm90","entries":[{"n":1,"k":48,"silu_mul":false,"bf16":false,"nts":[1]}]}"#,
+            "t"
+        )
+        .is_err());
+        assert!(TunedTable::from_json("not json", "t").is_err());
+    }
+
+    #[test]
+    fn shipped_tables_parse() {
+        for arch in ["sm90"] {
+            let t = TunedTable::from_json(embedded_table(arch).unwrap(), arch).unwrap();
+            assert_eq!(t.arch, arch);
+        }
+    }
+}

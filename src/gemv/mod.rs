@@ -1,0 +1,261 @@
+//! Small-M GEMV ops: `y = x · Wᵀ` for `M ≤ 32` tokens, BF16 activations, NVFP4 or BF16
+//! weights, as candle custom ops.
+//!
+//! Numerics (identical on every backend up to FP32 summation order): every weight is
+//! dequantized exactly to BF16 (`e2m1 · e4m3` for NVFP4), products are accumulated in
+//! FP32, the FP32 global scale multiplies the accumulator, and the result is rounded to
+//! BF16 once. With `silu_mul` the `N` outputs are the halves `[gate | up]` and the op
+//! returns `[M, N/2]` = BF16 of `silu(gate) · up`, computed in FP32 from the
+//! BF16-rounded gate and up.
+//!
+//! `pdl` asks the CUDA kernel for programmatic dependent launch (its weight loads overlap
+//! the previous kernel's tail); it has no effect on the CPU.
+
+mod cpu;
+
+pub use cpu::{gemv_cpu, WeightRows};
+
+use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
+use candle_core::{
+    backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
+    Tensor,
+};
+
+/// Largest number of tokens (rows of `x`) the GEMV takes.
+pub const MAX_M: usize = 32;
+/// `K` must be a multiple of this.
+pub const K_ALIGN: usize = 64;
+
+/// Checks `x` (BF16 `[M, K]`, unit inner stride, `1 ≤ M ≤ 32`, `K % 64 == 0`) and returns `(m, k)`.
+pub(crate) fn check_x(op: &str, x: &Tensor) -> Result<(usize, usize)> {
+    let (m, k) = match x.dims() {
+        [m, k] => (*m, *k),
+        d => bail!("{op}: x must be 2-d [M, K], got shape {d:?}"),
+    };
+    if x.dtype() != DType::BF16 {
+        bail!("{op}: x must be BF16, got {:?}", x.dtype());
+    }
+    if m == 0 || m > MAX_M {
+        bail!("{op}: M = {m} tokens is outside 1..={MAX_M} (use a matmul for larger M)");
+    }
+    if k == 0 || k % K_ALIGN != 0 {
+        bail!("{op}: K = {k} is not a positive multiple of {K_ALIGN}");
+    }
+    if x.stride()[1] != 1 && k > 1 {
+        bail!(
+            "{op}: x must have unit inner stride, got strides {:?}",
+            x.stride()
+        );
+    }
+    Ok((m, k))
+}
+
+fn check_n(op: &str, n: usize, silu_mul: bool) -> Result<()> {
+    if n == 0 {
+        bail!("{op}: the weight has no rows");
+    }
+    if silu_mul && n % 2 != 0 {
+        bail!("{op}: silu_mul needs an even N ([gate | up] halves), got N = {n}");
+    }
+    Ok(())
+}
+
+fn out_shape(m: usize, n: usize, silu_mul: bool) -> Shape {
+    Shape::from((m, if silu_mul { n / 2 } else { n }))
+}
+
+/// Row stride of a 2-d layout with unit inner stride, and its start offset.
+fn x_view<'a>(op: &str, x: &'a [half::bf16], l: &Layout) -> Result<(&'a [half::bf16], usize)> {
+    let (m, k) = l.shape().dims2()?;
+    let st = l.stride();
+    if st[1] != 1 {
+        bail!("{op}: x must have unit inner stride, got strides {st:?}");
+    }
+    let rs = if m == 1 { k } else { st[0] };
+    let start = l.start_offset();
+    let end = start + (m - 1) * rs + k;
+    if end > x.len() {
+        bail!("{op}: x layout exceeds its storage");
+    }
+    Ok((&x[start..end], rs))
+}
+
+fn contiguous_u8<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> Result<&'a [u8]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::U8(v), Some((a, b))) => Ok(&v[a..b]),
+        (CpuStorage::U8(_), None) => bail!("{op}: {what} must be contiguous"),
+        _ => bail!("{op}: {what} must be U8, got {:?}", s.dtype()),
+    }
+}
+
+/// The NVFP4 GEMV as a candle op: inputs `x`, `weight`, swizzled `weight_scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct Nvfp4Gemv {
+    /// FP32 per-tensor global scale (`weight_scale_2`).
+    pub global_scale: f32,
+    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
+    pub silu_mul: bool,
+    /// Programmatic dependent launch (CUDA only).
+    pub pdl: bool,
+}
+
+impl CustomOp3 for Nvfp4Gemv {
+    fn name(&self) -> &'static str {
+        "nvfp4-gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        const OP: &str = "nvfp4_gemv";
+        let (m, k) = l1.shape().dims2()?;
+        let (n, _) = l2.shape().dims2()?;
+        let x = match s1 {
+            CpuStorage::BF16(v) => v.as_slice(),
+            s => bail!("{OP}: x must be BF16, got {:?}", s.dtype()),
+        };
+        let (x, rs) = x_view(OP, x, l1)?;
+        let codes = contiguous_u8(OP, "weight", s2, l2)?;
+        let scales = contiguous_u8(OP, "weight_scale", s3, l3)?;
+        let sp = swizzled_shape(n, k / BLOCK_SIZE).1;
+        let rows = WeightRows::Nvfp4 { codes, scales, sp };
+        let out = gemv_cpu(x, rs, m, k, n, &rows, self.global_scale, self.silu_mul)?;
+        Ok((CpuStorage::BF16(out), out_shape(m, n, self.silu_mul)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::nvfp4_gemv_cuda(self, s1, l1, s2, l2, s3, l3)
+    }
+}
+
+/// The BF16 GEMV as a candle op: inputs `x`, `weight`.
+#[derive(Debug, Clone, Copy)]
+pub struct Bf16Gemv {
+    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
+    pub silu_mul: bool,
+    /// Programmatic dependent launch (CUDA only).
+    pub pdl: bool,
+}
+
+impl CustomOp2 for Bf16Gemv {
+    fn name(&self) -> &'static str {
+        "bf16-gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        const OP: &str = "bf16_gemv";
+        let (m, k) = l1.shape().dims2()?;
+        let (n, _) = l2.shape().dims2()?;
+        let x = match s1 {
+            CpuStorage::BF16(v) => v.as_slice(),
+            s => bail!("{OP}: x must be BF16, got {:?}", s.dtype()),
+        };
+        let (x, rs) = x_view(OP, x, l1)?;
+        let w = match (s2, l2.contiguous_offsets()) {
+            (CpuStorage::BF16(v), Some((a, b))) => &v[a..b],
+            _ => bail!("{OP}: weight must be a contiguous BF16 tensor"),
+        };
+        let rows = WeightRows::Bf16 { w };
+        let out = gemv_cpu(x, rs, m, k, n, &rows, 1.0, self.silu_mul)?;
+        Ok((CpuStorage::BF16(out), out_shape(m, n, self.silu_mul)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::bf16_gemv_cuda(self, s1, l1, s2, l2)
+    }
+}
+
+/// NVFP4 W4A16 GEMV: `x` BF16 `[M, K]` (M ≤ 32, K % 64 == 0, unit inner stride) times
+/// the NVFP4 weight (`weight` U8 `[N, K/2]`, `weight_scale` swizzled U8 `[Np, Sp]` as
+/// made by [`swizzle_blockscale`](crate::nvfp4::swizzle_blockscale)), scaled by
+/// `global_scale`. Returns BF16 `[M, N]`, or `[M, N/2]` with `silu_mul`.
+pub fn nvfp4_gemv(
+    x: &Tensor,
+    weight: &Tensor,
+    weight_scale: &Tensor,
+    global_scale: f32,
+    silu_mul: bool,
+    pdl: bool,
+) -> Result<Tensor> {
+    const OP: &str = "nvfp4_gemv";
+    let (_, k) = check_x(OP, x)?;
+    let n = match weight.dims() {
+        [n, k2] if *k2 * 2 == k && weight.dtype() == DType::U8 => *n,
+        d => bail!(
+            "{OP}: weight must be U8 [N, K/2] = [N, {}], got {:?} {d:?}",
+            k / 2,
+            weight.dtype()
+        ),
+    };
+    check_n(OP, n, silu_mul)?;
+    let (np, sp) = swizzled_shape(n, k / BLOCK_SIZE);
+    if weight_scale.dtype() != DType::U8 || weight_scale.elem_count() != np * sp {
+        bail!(
+            "{OP}: weight_scale must be the swizzled U8 scales [{np}, {sp}] of a [{n}, {k}] weight, got {:?} {:?}",
+            weight_scale.dtype(),
+            weight_scale.dims()
+        );
+    }
+    if !(global_scale.is_finite() && global_scale > 0.0) {
+        bail!("{OP}: global scale {global_scale} must be a positive finite number");
+    }
+    if !x.device().same_device(weight.device()) || !x.device().same_device(weight_scale.device()) {
+        bail!("{OP}: x, weight and weight_scale must be on the same device");
+    }
+    let weight = weight.contiguous()?;
+    let weight_scale = weight_scale.contiguous()?;
+    let op = Nvfp4Gemv {
+        global_scale,
+        silu_mul,
+        pdl,
+    };
+    x.apply_op3_no_bwd(&weight, &weight_scale, &op)
+}
+
+/// BF16 GEMV: `x` BF16 `[M, K]` (M ≤ 32, K % 64 == 0, unit inner stride) times
+/// `weight` BF16 `[N, K]`. Returns BF16 `[M, N]`, or `[M, N/2]` with `silu_mul`.
+pub fn bf16_gemv(x: &Tensor, weight: &Tensor, silu_mul: bool, pdl: bool) -> Result<Tensor> {
+    const OP: &str = "bf16_gemv";
+    let (_, k) = check_x(OP, x)?;
+    let n = match weight.dims() {
+        [n, kk] if *kk == k && weight.dtype() == DType::BF16 => *n,
+        d => bail!(
+            "{OP}: weight must be BF16 [N, K] = [N, {k}], got {:?} {d:?}",
+            weight.dtype()
+        ),
+    };
+    check_n(OP, n, silu_mul)?;
+    if !x.device().same_device(weight.device()) {
+        bail!("{OP}: x and weight must be on the same device");
+    }
+    let weight = weight.contiguous()?;
+    x.apply_op2_no_bwd(&weight, &Bf16Gemv { silu_mul, pdl })
+}
