@@ -15,6 +15,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod checkpoint;
 pub mod gemv;
 pub mod nvfp4;
 pub mod quant_config;

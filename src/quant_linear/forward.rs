@@ -1,0 +1,126 @@
+//! `QuantLinear::forward` and `forward_silu_mul`.
+
+use super::{use_gemv, QuantLinear, Weight};
+use crate::gemv::{bf16_gemv, nvfp4_gemv, MAX_M};
+use crate::nvfp4::dequantize_rows;
+use candle_core::{bail, DType, Module, Result, Tensor};
+
+/// `silu(g) · u` over the halves `[g | u]` of a BF16 `[M, N]`: FP32 from the BF16 values,
+/// rounded to BF16 once (the GEMV's `silu_mul` epilogue).
+fn silu_mul_halves(y: &Tensor) -> Result<Tensor> {
+    let h = y.dim(1)? / 2;
+    let g = y.narrow(1, 0, h)?.to_dtype(DType::F32)?;
+    let u = y.narrow(1, h, h)?.to_dtype(DType::F32)?;
+    (g.silu()? * u)?.to_dtype(DType::BF16)
+}
+
+impl QuantLinear {
+    /// Checks `x` (`[..., K]`, float) and returns it as contiguous BF16 `[M, K]` and its
+    /// leading dims.
+    fn flatten(&self, x: &Tensor) -> Result<(Tensor, Vec<usize>)> {
+        let Some((&k, lead)) = x.dims().split_last() else {
+            bail!(
+                "QuantLinear: input must have at least one dim [..., {}], got a scalar",
+                self.k
+            );
+        };
+        if k != self.k {
+            bail!(
+                "QuantLinear: input shape {:?} does not end in in_features = {}",
+                x.dims(),
+                self.k
+            );
+        }
+        if !x.dtype().is_float() {
+            bail!(
+                "QuantLinear: input dtype {:?} is not a float type",
+                x.dtype()
+            );
+        }
+        let m = lead.iter().product::<usize>();
+        let x2 = x.reshape((m, k))?.to_dtype(DType::BF16)?.contiguous()?;
+        Ok((x2, lead.to_vec()))
+    }
+
+    /// `[M, K]` BF16 → BF16 `[M, N]` (or `[M, N/2]` with `silu_mul`), no bias.
+    fn project(&self, x: &Tensor, silu_mul: bool) -> Result<Tensor> {
+        let m = x.dim(0)?;
+        let n_out = if silu_mul { self.n / 2 } else { self.n };
+        if m == 0 {
+            return Tensor::zeros((0, n_out), DType::BF16, x.device());
+        }
+        let on_cpu = x.device().is_cpu();
+        let nt = if on_cpu || m > MAX_M {
+            None
+        } else {
+            crate::tables::pick_nt(self.n, self.k, m, silu_mul, !self.is_nvfp4())
+        };
+        if use_gemv(on_cpu, nt, m, self.k) {
+            return match &self.weight {
+                Weight::Nvfp4 {
+                    codes,
+                    scales,
+                    global_scale,
+                } => nvfp4_gemv(x, codes, scales, *global_scale, silu_mul, false),
+                Weight::Bf16(w) => bf16_gemv(x, w, silu_mul, false),
+            };
+        }
+        let y = match &self.weight {
+            Weight::Nvfp4 {
+                codes,
+                scales,
+                global_scale,
+            } => {
+                let w = dequantize_rows(codes, scales)?;
+                x.matmul(&w.t()?)?
+                    .to_dtype(DType::F32)?
+                    .affine(*global_scale as f64, 0.0)?
+                    .to_dtype(DType::BF16)?
+            }
+            Weight::Bf16(w) => x.matmul(&w.t()?)?,
+        };
+        if silu_mul {
+            silu_mul_halves(&y)
+        } else {
+            Ok(y)
+        }
+    }
+
+    fn finish(&self, y: Tensor, lead: &[usize], dtype: DType) -> Result<Tensor> {
+        let mut shape = lead.to_vec();
+        shape.push(y.dim(1)?);
+        y.reshape(shape)?.to_dtype(dtype)
+    }
+
+    /// For a fused `[gate | up]` layer (`N` even): `silu(x·Wgᵀ + bg) · (x·Wuᵀ + bu)`,
+    /// `[..., K]` → `[..., N/2]`. The gate and up outputs are rounded to BF16 (as
+    /// `forward` would return them), then `silu(g)·u` is computed in FP32 and rounded once;
+    /// without a bias the GEMV path fuses this epilogue.
+    pub fn forward_silu_mul(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.n.is_multiple_of(2) {
+            bail!(
+                "QuantLinear::forward_silu_mul: needs an even out_features ([gate | up]), got {}",
+                self.n
+            );
+        }
+        let (x2, lead) = self.flatten(x)?;
+        let y = match &self.bias {
+            None => self.project(&x2, true)?,
+            Some(b) => silu_mul_halves(&self.project(&x2, false)?.broadcast_add(b)?)?,
+        };
+        self.finish(y, &lead, x.dtype())
+    }
+}
+
+impl Module for QuantLinear {
+    /// `x·Wᵀ + b` for `x` of shape `[..., K]` → `[..., N]`, in `x`'s dtype (computed in
+    /// BF16; see the module docs for the rounding).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (x2, lead) = self.flatten(x)?;
+        let mut y = self.project(&x2, false)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        self.finish(y, &lead, x.dtype())
+    }
+}
