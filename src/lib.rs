@@ -17,6 +17,7 @@
 mod cuda;
 pub mod checkpoint;
 pub mod gemv;
+mod kernel_params;
 pub mod nvfp4;
 pub mod quant_config;
 pub mod quant_linear;

@@ -88,15 +88,65 @@ fn contiguous_u8<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> Res
     }
 }
 
+/// Which compiled kernel image the CUDA forward uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum KernelImage {
+    /// The image built for the device: sm_90a cubin on Hopper, sm_100a on B200, sm_80
+    /// on Ampere/Ada, compute_90 PTX on other GPUs of compute capability ≥ 9.0.
+    #[default]
+    Auto,
+    /// The sm_80 code path (no clusters, no PDL), JIT-compiled from PTX: lets a Hopper
+    /// run and test what A100 / RTX 40xx users get.
+    Sm80,
+}
+
+/// Launch options of the GEMV ops. Only `silu_mul` changes the result; the others
+/// choose among equivalent kernels (CUDA only; the CPU ignores them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GemvOptions {
+    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
+    pub silu_mul: bool,
+    /// Programmatic dependent launch: weight loads overlap the previous kernel's tail.
+    pub pdl: bool,
+    /// Token tiles (8·nt tokens, nt ∈ {1, 2, 4}, 8·nt ≥ M); `None` = smallest that fits.
+    pub nt: Option<usize>,
+    /// CTAs of a thread-block cluster that split K (1, 2, 4, 8); `None` = heuristic.
+    pub split: Option<usize>,
+    /// Kernel image.
+    pub image: KernelImage,
+}
+
+impl GemvOptions {
+    /// Options with the epilogue and PDL flags set, everything else automatic.
+    pub fn new(silu_mul: bool, pdl: bool) -> Self {
+        Self { silu_mul, pdl, ..Default::default() }
+    }
+
+    fn check(&self, op: &str, m: usize) -> Result<()> {
+        if let Some(nt) = self.nt {
+            if !crate::tables::NT_CHOICES.contains(&nt) || 8 * nt < m {
+                bail!("{op}: nt = {nt} must be 1, 2 or 4 with 8·nt ≥ M = {m}");
+            }
+        }
+        if let Some(s) = self.split {
+            if ![1, 2, 4, 8].contains(&s) {
+                bail!("{op}: split = {s} must be 1, 2, 4 or 8");
+            }
+            if s > 1 && self.image == KernelImage::Sm80 {
+                bail!("{op}: the sm_80 image has no clusters, split must be 1");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The NVFP4 GEMV as a candle op: inputs `x`, `weight`, swizzled `weight_scale`.
 #[derive(Debug, Clone, Copy)]
 pub struct Nvfp4Gemv {
     /// FP32 per-tensor global scale (`weight_scale_2`).
     pub global_scale: f32,
-    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
-    pub silu_mul: bool,
-    /// Programmatic dependent launch (CUDA only).
-    pub pdl: bool,
+    /// Launch options.
+    pub opts: GemvOptions,
 }
 
 impl CustomOp3 for Nvfp4Gemv {
@@ -125,8 +175,9 @@ impl CustomOp3 for Nvfp4Gemv {
         let scales = contiguous_u8(OP, "weight_scale", s3, l3)?;
         let sp = swizzled_shape(n, k / BLOCK_SIZE).1;
         let rows = WeightRows::Nvfp4 { codes, scales, sp };
-        let out = gemv_cpu(x, rs, m, k, n, &rows, self.global_scale, self.silu_mul)?;
-        Ok((CpuStorage::BF16(out), out_shape(m, n, self.silu_mul)))
+        let silu = self.opts.silu_mul;
+        let out = gemv_cpu(x, rs, m, k, n, &rows, self.global_scale, silu)?;
+        Ok((CpuStorage::BF16(out), out_shape(m, n, silu)))
     }
 
     #[cfg(feature = "cuda")]
@@ -146,10 +197,8 @@ impl CustomOp3 for Nvfp4Gemv {
 /// The BF16 GEMV as a candle op: inputs `x`, `weight`.
 #[derive(Debug, Clone, Copy)]
 pub struct Bf16Gemv {
-    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
-    pub silu_mul: bool,
-    /// Programmatic dependent launch (CUDA only).
-    pub pdl: bool,
+    /// Launch options.
+    pub opts: GemvOptions,
 }
 
 impl CustomOp2 for Bf16Gemv {
@@ -177,8 +226,9 @@ impl CustomOp2 for Bf16Gemv {
             _ => bail!("{OP}: weight must be a contiguous BF16 tensor"),
         };
         let rows = WeightRows::Bf16 { w };
-        let out = gemv_cpu(x, rs, m, k, n, &rows, 1.0, self.silu_mul)?;
-        Ok((CpuStorage::BF16(out), out_shape(m, n, self.silu_mul)))
+        let silu = self.opts.silu_mul;
+        let out = gemv_cpu(x, rs, m, k, n, &rows, 1.0, silu)?;
+        Ok((CpuStorage::BF16(out), out_shape(m, n, silu)))
     }
 
     #[cfg(feature = "cuda")]
@@ -205,8 +255,22 @@ pub fn nvfp4_gemv(
     silu_mul: bool,
     pdl: bool,
 ) -> Result<Tensor> {
+    nvfp4_gemv_with(x, weight, weight_scale, global_scale, &GemvOptions::new(silu_mul, pdl))
+}
+
+/// [`nvfp4_gemv`] with explicit [`GemvOptions`] (kernel variant selection for tests and
+/// benchmarks).
+pub fn nvfp4_gemv_with(
+    x: &Tensor,
+    weight: &Tensor,
+    weight_scale: &Tensor,
+    global_scale: f32,
+    opts: &GemvOptions,
+) -> Result<Tensor> {
     const OP: &str = "nvfp4_gemv";
-    let (_, k) = check_x(OP, x)?;
+    let silu_mul = opts.silu_mul;
+    let (m, k) = check_x(OP, x)?;
+    opts.check(OP, m)?;
     let n = match weight.dims() {
         [n, k2] if *k2 * 2 == k && weight.dtype() == DType::U8 => *n,
         d => bail!(
@@ -232,19 +296,22 @@ pub fn nvfp4_gemv(
     }
     let weight = weight.contiguous()?;
     let weight_scale = weight_scale.contiguous()?;
-    let op = Nvfp4Gemv {
-        global_scale,
-        silu_mul,
-        pdl,
-    };
+    let op = Nvfp4Gemv { global_scale, opts: *opts };
     x.apply_op3_no_bwd(&weight, &weight_scale, &op)
 }
 
 /// BF16 GEMV: `x` BF16 `[M, K]` (M ≤ 32, K % 64 == 0, unit inner stride) times
 /// `weight` BF16 `[N, K]`. Returns BF16 `[M, N]`, or `[M, N/2]` with `silu_mul`.
 pub fn bf16_gemv(x: &Tensor, weight: &Tensor, silu_mul: bool, pdl: bool) -> Result<Tensor> {
+    bf16_gemv_with(x, weight, &GemvOptions::new(silu_mul, pdl))
+}
+
+/// [`bf16_gemv`] with explicit [`GemvOptions`].
+pub fn bf16_gemv_with(x: &Tensor, weight: &Tensor, opts: &GemvOptions) -> Result<Tensor> {
     const OP: &str = "bf16_gemv";
-    let (_, k) = check_x(OP, x)?;
+    let silu_mul = opts.silu_mul;
+    let (m, k) = check_x(OP, x)?;
+    opts.check(OP, m)?;
     let n = match weight.dims() {
         [n, kk] if *kk == k && weight.dtype() == DType::BF16 => *n,
         d => bail!(
@@ -257,5 +324,5 @@ pub fn bf16_gemv(x: &Tensor, weight: &Tensor, silu_mul: bool, pdl: bool) -> Resu
         bail!("{OP}: x and weight must be on the same device");
     }
     let weight = weight.contiguous()?;
-    x.apply_op2_no_bwd(&weight, &Bf16Gemv { silu_mul, pdl })
+    x.apply_op2_no_bwd(&weight, &Bf16Gemv { opts: *opts })
 }

@@ -1,0 +1,345 @@
+// gemv.cu: small-M (M <= 32) GEMV, y = epilogue(out_scale * x . W^T), on tensor cores.
+//
+// Formats (see gemv.cuh for the parameter block):
+//   NVFP4 weight: uint8 [N, K/2], byte j of row n = codes of k = 2j (low nibble), 2j+1
+//   (high nibble); E4M3 block scales, one per 16 k, in the 128x4-swizzled layout of
+//   CUTLASS's SM100 block-scaled MMA (offset formula in nvfp4_decode.cuh); FP32 global
+//   scale applied to the FP32 accumulator (out_scale). BF16 weight: bf16 [N, K].
+//   x: bf16 [M, K]; out: bf16 [M, N], or [M, N/2] = silu(gate) * up over [gate | up].
+//
+// Work split (swap-AB): mma.sync.m16n8k16 with the weight as A (16 rows = 16 output
+// features) and x^T as B (8 tokens); NT token tiles cover 8*NT tokens. One CTA owns one
+// 16-row tile (silu_mul: 8 gate rows n and the 8 up rows N/2 + n, so the epilogue has
+// both in one thread). K is cut into 128-wide chunks (a 64-wide tail when K % 128 == 64);
+// the WARPS warps of a CTA, and with SPLIT > 1 the SPLIT CTAs of a thread-block cluster,
+// take chunks round-robin; partial sums meet in shared memory, then (clusters) in rank
+// 0's shared memory through DSMEM. Inside a chunk, thread (g = lane/4, t = lane%4) holds
+// k = chunk*128 + 32t .. +32 of rows g and g+8 (the k order inside an MMA is free as
+// long as A and B agree, so loads stay 16 bytes wide).
+//
+// Every weight and scale load of the first stages is issued before griddepcontrol.wait,
+// so under programmatic dependent launch they overlap the previous kernel's tail; x is
+// read only after it. griddepcontrol and clusters need sm_90; the sm_80 build has SPLIT
+// = 1 only and no PDL.
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include "gemv.cuh"
+#include "nvfp4_decode.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include <cooperative_groups.h>
+#define CFP4_SM90 1
+#else
+#define CFP4_SM90 0
+#endif
+
+namespace {
+
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int CHUNK = 128;
+
+__device__ __forceinline__ void griddep_wait() {
+#if CFP4_SM90
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if CFP4_SM90
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint2 ld_stream_v2(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Raw weight bytes of one chunk for rows g and g+8 (this thread's 32 k of each).
+template <bool FP4>
+struct Stage {
+    // FP4: 16 bytes (32 codes) per row; BF16: 64 bytes per row.
+    uint4 w[2][FP4 ? 1 : 4];
+    uint32_t sc[2];  // FP4: two scale bytes per row (blocks 2t, 2t+1 of the chunk)
+};
+
+template <bool FP4, bool SILU>
+struct Rows {
+    int row[2];
+    bool ok[2];
+    __device__ __forceinline__ Rows(const GemvParams& p, int tile, int g) {
+        if (SILU) {
+            const int half = p.n / 2;
+            row[0] = tile * 8 + g;
+            row[1] = half + tile * 8 + g;
+            ok[0] = ok[1] = tile * 8 + g < half;
+        } else {
+            row[0] = tile * 16 + g;
+            row[1] = tile * 16 + g + 8;
+            ok[0] = row[0] < p.n;
+            ok[1] = row[1] < p.n;
+        }
+    }
+};
+
+template <bool FP4, bool SILU>
+__device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, SILU>& rows, int chunk,
+                                           bool tail, int t, Stage<FP4>& st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (FP4) {
+            const uint8_t* base = static_cast<const uint8_t*>(p.w) + size_t(rows.row[r]) * (p.k / 2) + chunk * (CHUNK / 2);
+            st.w[r][0] = make_uint4(0, 0, 0, 0);
+            st.sc[r] = 0;
+            if (rows.ok[r]) {
+                if (!tail) {
+                    st.w[r][0] = ld_stream_v4(base + t * 16);
+                    const uint8_t* s = p.scales + swizzled_offset(rows.row[r], chunk * 8 + 2 * t, p.sp);
+                    st.sc[r] = __ldg(reinterpret_cast<const unsigned short*>(s));
+                } else {
+                    const uint2 v = ld_stream_v2(base + t * 8);
+                    st.w[r][0] = make_uint4(v.x, v.y, 0, 0);
+                    st.sc[r] = __ldg(p.scales + swizzled_offset(rows.row[r], chunk * 8 + t, p.sp));
+                }
+            }
+        } else {
+            const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(p.w) + size_t(rows.row[r]) * p.k + chunk * CHUNK;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                st.w[r][q] = make_uint4(0, 0, 0, 0);
+                const bool in = rows.ok[r] && (!tail || q < 2);
+                // tail: 16 bf16 of this thread at k = chunk*128 + 16t
+                const int off = tail ? t * 16 + q * 8 : t * 32 + q * 8;
+                if (in) st.w[r][q] = ld_stream_v4(base + off);
+            }
+        }
+    }
+}
+
+// Multiplies one stage into the accumulators. Word w (8 k values) of a row gives 4 A
+// registers (pairs), feeding two MMAs; x is loaded for the same k in the same pairing.
+template <int NT, bool FP4, bool SILU>
+__device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, int g, int t,
+                                              const Stage<FP4>& st, float acc[NT][4]) {
+    const int nwords = tail ? 2 : 4;
+    const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
+    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+    uint32_t sc[2][2];
+    if (FP4) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            sc[r][0] = scale_pair(st.sc[r] & 0xffu);
+            sc[r][1] = scale_pair((st.sc[r] >> 8) & 0xffu);
+        }
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        if (w >= nwords) break;
+        uint32_t a[2][4];  // [row][pair]
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (FP4) {
+                const uint32_t word = w == 0 ? st.w[r][0].x : w == 1 ? st.w[r][0].y : w == 2 ? st.w[r][0].z : st.w[r][0].w;
+                decode_word(word, sc[r][w / 2], a[r]);
+            } else {
+                const uint4 v = st.w[r][w];
+                a[r][0] = v.x; a[r][1] = v.y; a[r][2] = v.z; a[r][3] = v.w;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int tok = j * 8 + g;
+            uint32_t b[4] = {0, 0, 0, 0};
+            if (tok < p.m) {
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
+                const uint32_t nat[4] = {v.x, v.y, v.z, v.w};
+                if (FP4) {
+                    pair_like_weights(nat, b);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) b[q] = nat[q];
+                }
+            }
+            const uint32_t a0[4] = {a[0][0], a[1][0], a[0][1], a[1][1]};
+            const uint32_t a1[4] = {a[0][2], a[1][2], a[0][3], a[1][3]};
+            mma_bf16(acc[j], a0, b[0], b[1]);
+            mma_bf16(acc[j], a1, b[2], b[3]);
+        }
+    }
+}
+
+template <int NT, int SPLIT, bool SILU, bool FP4>
+__device__ __forceinline__ void gemv_body(const GemvParams& p) {
+    constexpr int U = NT == 4 ? 2 : (FP4 ? 4 : 2);  // chunks in flight per warp
+    __shared__ float4 red[WARPS][NT][32];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x / SPLIT;
+    const int rank = SPLIT > 1 ? int(blockIdx.x % SPLIT) : 0;
+    const Rows<FP4, SILU> rows(p, tile, g);
+
+    const int nfull = p.k / CHUNK;
+    const bool has_tail = (p.k % CHUNK) != 0;
+    const int nchunks = nfull + (has_tail ? 1 : 0);
+    constexpr int NW = SPLIT * WARPS;
+    const int worker = rank * WARPS + warp;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    Stage<FP4> st[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = worker + u * NW;
+        if (c < nchunks) load_stage<FP4, SILU>(p, rows, c, c == nfull, t, st[u]);
+    }
+    griddep_wait();  // x is written by the previous kernel
+
+    for (int c0 = worker; c0 < nchunks; c0 += U * NW) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u * NW;
+            if (c < nchunks) {
+                compute_stage<NT, FP4, SILU>(p, c, c == nfull, g, t, st[u], acc);
+                const int cn = c + U * NW;
+                if (cn < nchunks) load_stage<FP4, SILU>(p, rows, cn, cn == nfull, t, st[u]);
+            }
+        }
+    }
+    griddep_launch_dependents();
+
+    // Reduce the warps' partial tiles.
+#pragma unroll
+    for (int j = 0; j < NT; ++j) red[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 s = red[0][j][lane];
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) {
+                const float4 v = red[w][j][lane];
+                s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+            }
+            red[0][j][lane] = s;
+        }
+    }
+#if CFP4_SM90
+    if constexpr (SPLIT > 1) {
+        namespace cg = cooperative_groups;
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync();  // every rank's red[0] is final
+        if (rank == 0 && warp == 0) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float4 s = red[0][j][lane];
+#pragma unroll
+                for (int r = 1; r < SPLIT; ++r) {
+                    const float4* remote = cluster.map_shared_rank(&red[0][j][lane], r);
+                    const float4 v = *remote;
+                    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+                }
+                red[0][j][lane] = s;
+            }
+        }
+        cluster.sync();  // keep the other ranks' shared memory alive until read
+    }
+#endif
+    if (rank != 0 || warp != 0) return;
+
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const float4 s = red[0][j][lane];
+        const float v[4] = {s.x, s.y, s.z, s.w};  // (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int tok = j * 8 + 2 * t + e;
+            if (tok >= p.m) continue;
+            if (SILU) {
+                if (!rows.ok[0]) continue;
+                const int half = p.n / 2;
+                const float gate = __bfloat162float(__float2bfloat16_rn(v[e] * p.out_scale));
+                const float up = __bfloat162float(__float2bfloat16_rn(v[2 + e] * p.out_scale));
+                const float silu = gate / (1.0f + expf(-gate));
+                out[size_t(tok) * half + rows.row[0]] = __float2bfloat16_rn(silu * up);
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    if (rows.ok[r]) out[size_t(tok) * p.n + rows.row[r]] = __float2bfloat16_rn(v[2 * r + e] * p.out_scale);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const __grid_constant__ GemvParams p) { \
+        gemv_body<NT, SPLIT, SILU, FP4>(p);                                                          \
+    }
+
+#define CFP4_GEMV_SPLITS(NT, SILU, FP4, TAG)                                \
+    CFP4_GEMV(NT, 1, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s1)              \
+    CFP4_GEMV(NT, 2, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s2)              \
+    CFP4_GEMV(NT, 4, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s4)              \
+    CFP4_GEMV(NT, 8, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s8)
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define CFP4_ALL_SPLITS CFP4_GEMV_SPLITS
+#else
+// sm_80/sm_89: no clusters; only SPLIT = 1 exists in this image.
+#define CFP4_ALL_SPLITS(NT, SILU, FP4, TAG) CFP4_GEMV(NT, 1, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s1)
+#endif
+
+CFP4_ALL_SPLITS(1, false, true, fp4)
+CFP4_ALL_SPLITS(2, false, true, fp4)
+CFP4_ALL_SPLITS(4, false, true, fp4)
+CFP4_ALL_SPLITS(1, true, true, fp4silu)
+CFP4_ALL_SPLITS(2, true, true, fp4silu)
+CFP4_ALL_SPLITS(4, true, true, fp4silu)
+CFP4_ALL_SPLITS(1, false, false, bf16)
+CFP4_ALL_SPLITS(2, false, false, bf16)
+CFP4_ALL_SPLITS(4, false, false, bf16)
+CFP4_ALL_SPLITS(1, true, false, bf16silu)
+CFP4_ALL_SPLITS(2, true, false, bf16silu)
+CFP4_ALL_SPLITS(4, true, false, bf16silu)
+
+// Exact BF16 rows: out[n, k] = e2m1 * e4m3. One thread per 8 codes (one 32-bit word).
+extern "C" __global__ void __launch_bounds__(256) cfp4_dequantize_rows(const __grid_constant__ DequantParams p) {
+    const size_t words_per_row = size_t(p.k) / 8;
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= size_t(p.n) * words_per_row) return;
+    const uint32_t row = uint32_t(i / words_per_row);
+    const uint32_t wcol = uint32_t(i % words_per_row);
+    const uint32_t q = *reinterpret_cast<const uint32_t*>(p.codes + size_t(row) * (p.k / 2) + wcol * 4);
+    const uint32_t s = p.scales[swizzled_offset(row, wcol / 2, p.sp)];
+    uint32_t pairs[4], nat[4];
+    decode_word(q, scale_pair(s), pairs);
+    const uint32_t two8 = 0x43804380u;  // bf16x2 (256, 256): undoes the decode's 2^-8, exactly
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pairs[r] = bf16x2_mul(pairs[r], two8);
+    pairs_to_natural(pairs, nat);
+    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + size_t(row) * p.k + wcol * 8) =
+        make_uint4(nat[0], nat[1], nat[2], nat[3]);
+}

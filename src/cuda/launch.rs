@@ -1,0 +1,145 @@
+//! Module cache per device, device facts, and `cuLaunchKernelEx` with cluster and PDL
+//! attributes (cudarc's launch builder has neither).
+
+use super::images::{Image, KernelFile};
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaFunction, CudaModule, CudaStream, DeviceRepr};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::{CudaDevice, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+pub(crate) fn cuda_err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
+    candle_core::Error::Cuda(format!("{what}: {e:?}").into())
+}
+
+fn ctx_key(dev: &CudaDevice) -> usize {
+    dev.cuda_stream().context().cu_ctx() as usize
+}
+
+fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
+    dev.cuda_stream()
+        .context()
+        .attribute(a)
+        .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+}
+
+/// `(major, minor)` compute capability of the device.
+pub(crate) fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
+    use sys::CUdevice_attribute::*;
+    Ok((
+        attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    ))
+}
+
+/// `sm90`, `sm100`, `sm89`, ...: the tuned-table tag of the device.
+pub fn arch_tag(dev: &CudaDevice) -> Result<String> {
+    let (ma, mi) = compute_capability(dev)?;
+    Ok(format!("sm{ma}{mi}"))
+}
+
+/// What one device has loaded of one kernel file in one image.
+pub(crate) struct Loaded {
+    pub image: Image,
+    pub sms: usize,
+    module: Arc<CudaModule>,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl Loaded {
+    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
+        let mut funcs = self.funcs.lock().map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(name)
+            .map_err(|e| cuda_err(&format!("loading kernel {name} ({:?})", self.image), e))?;
+        funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+type Cache = Mutex<HashMap<(usize, Image, KernelFile), Arc<Loaded>>>;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The module of `file` in `image` on `dev`, loaded once per device.
+pub(crate) fn module(dev: &CudaDevice, file: KernelFile, image: Image) -> Result<Arc<Loaded>> {
+    let key = (ctx_key(dev), image, file);
+    let mut c = cache().lock().map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
+    if let Some(l) = c.get(&key) {
+        return Ok(l.clone());
+    }
+    let bytes = image.bytes(file);
+    let ptx = if image.is_ptx() {
+        let text = std::str::from_utf8(bytes).map_err(|e| cuda_err("kernel PTX is not UTF-8", e))?;
+        Ptx::from_src(text.trim_end_matches('\0'))
+    } else {
+        Ptx::from_binary(bytes.to_vec())
+    };
+    let module = dev
+        .cuda_stream()
+        .context()
+        .load_module(ptx)
+        .map_err(|e| cuda_err(&format!("loading {} ({image:?})", file.name()), e))?;
+    let sms = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+    let l = Arc::new(Loaded { image, sms, module, funcs: Mutex::new(HashMap::new()) });
+    c.insert(key, l.clone());
+    Ok(l)
+}
+
+/// Grid, block, cluster and PDL of one launch (1-d grids and blocks).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Launch {
+    pub grid: u32,
+    pub block: u32,
+    pub cluster: u32,
+    pub pdl: bool,
+}
+
+/// Launches `f(params)` on `stream` with `cuLaunchKernelEx`, the kernel taking one
+/// `__grid_constant__` parameter block `P`.
+///
+/// # Safety
+/// `P` must match the kernel's parameter type, and every pointer in it must stay valid
+/// (its guards alive) until the launch is enqueued.
+pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(stream: &CudaStream, f: &CudaFunction, l: Launch, params: &P) -> Result<()> {
+    let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
+    if l.cluster > 1 {
+        let mut a: sys::CUlaunchAttribute = std::mem::zeroed();
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        a.value.clusterDim.x = l.cluster;
+        a.value.clusterDim.y = 1;
+        a.value.clusterDim.z = 1;
+        attrs.push(a);
+    }
+    if l.pdl {
+        let mut a: sys::CUlaunchAttribute = std::mem::zeroed();
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        a.value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(a);
+    }
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: l.grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: l.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
+        numAttrs: attrs.len() as u32,
+    };
+    let mut p = *params;
+    let mut args = [&mut p as *mut P as *mut std::ffi::c_void];
+    stream.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
+    sys::cuLaunchKernelEx(&cfg, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut())
+        .result()
+        .map_err(|e| cuda_err("cuLaunchKernelEx", e))
+}
