@@ -53,7 +53,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
@@ -61,25 +61,51 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
 
 __device__ __forceinline__ uint2 ld_stream_v2(const void* p) {
     uint2 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
 
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Raw weight bytes of one chunk for rows g and g+8 (this thread's 32 k of each).
-template <bool FP4>
+// Raw weight bytes of one chunk for rows g and g+8 (this thread's 32 k of each), and
+// the matching x of the thread's tokens (g, g+8, ...), prefetched together.
+template <int NT, bool FP4, bool XS = false>
 struct Stage {
     // FP4: 16 bytes (32 codes) per row; BF16: 64 bytes per row.
     uint4 w[2][FP4 ? 1 : 4];
     uint32_t sc[2];  // FP4: two scale bytes per row (blocks 2t, 2t+1 of the chunk)
+    uint4 x[XS ? 1 : NT][4];  // 8 bf16 per word, natural order (unused with XS)
 };
+
+// x staged in shared memory (XS variants): the CTA's chunks only, local chunk li of
+// rank r is global chunk r*WARPS + li%WARPS + (li/WARPS)*NW; 16 pieces of 8 bf16 per
+// chunk and token, stored in the weights' pair order, at a swizzled piece index so the
+// 8 threads of a 16-byte shared-memory phase hit 8 different bank groups.
+__device__ __forceinline__ int xs_piece(int piece, int tok) { return piece ^ (piece >> 3) ^ ((tok & 1) << 1); }
+
+// x of one chunk for this thread's tokens; zeros for tokens >= m and outside the tail.
+template <int NT, bool FP4, bool XS>
+__device__ __forceinline__ void load_x(const GemvParams& p, int chunk, bool tail, int g, int t, Stage<NT, FP4, XS>& st) {
+    if (XS) return;
+    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+    const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int tok = j * 8 + g;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            st.x[j][w] = make_uint4(0, 0, 0, 0);
+            if (tok < p.m && (!tail || w < 2))
+                st.x[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
+        }
+    }
+}
 
 template <bool FP4, bool SILU>
 struct Rows {
@@ -100,9 +126,9 @@ struct Rows {
     }
 };
 
-template <bool FP4, bool SILU>
+template <int NT, bool FP4, bool SILU, bool XS>
 __device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, SILU>& rows, int chunk,
-                                           bool tail, int t, Stage<FP4>& st) {
+                                           bool tail, int t, Stage<NT, FP4, XS>& st) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (FP4) {
@@ -136,12 +162,17 @@ __device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, 
 
 // Multiplies one stage into the accumulators. Word w (8 k values) of a row gives 4 A
 // registers (pairs), feeding two MMAs; x is loaded for the same k in the same pairing.
-template <int NT, bool FP4, bool SILU>
-__device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, int g, int t,
-                                              const Stage<FP4>& st, float acc[NT][4]) {
+// Accumulator sets: NT tiles x SETS chains, so 4 independent MMA chains per thread.
+template <int NT>
+struct Acc {
+    static constexpr int SETS = 4 / NT;
+    float v[SETS][NT][4];
+};
+
+template <int NT, bool FP4, bool SILU, bool XS>
+__device__ __forceinline__ void compute_stage(bool tail, const Stage<NT, FP4, XS>& st, Acc<NT>& acc, int set0,
+                                              const uint4* xs, int li, int nlocal, int m, int g, int t) {
     const int nwords = tail ? 2 : 4;
-    const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
-    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
     uint32_t sc[2][2];
     if (FP4) {
 #pragma unroll
@@ -166,10 +197,14 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
         }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const int tok = j * 8 + g;
-            uint32_t b[4] = {0, 0, 0, 0};
-            if (tok < p.m) {
-                const uint4 v = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
+            uint32_t b[4];
+            if (XS) {
+                const int tok = j * 8 + g;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (tok < m) v = xs[(tok * nlocal + li) * 16 + xs_piece(tail ? 2 * t + w : 4 * t + w, tok)];
+                b[0] = v.x; b[1] = v.y; b[2] = v.z; b[3] = v.w;
+            } else {
+                const uint4 v = st.x[j][w];
                 const uint32_t nat[4] = {v.x, v.y, v.z, v.w};
                 if (FP4) {
                     pair_like_weights(nat, b);
@@ -180,16 +215,19 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
             }
             const uint32_t a0[4] = {a[0][0], a[1][0], a[0][1], a[1][1]};
             const uint32_t a1[4] = {a[0][2], a[1][2], a[0][3], a[1][3]};
-            mma_bf16(acc[j], a0, b[0], b[1]);
-            mma_bf16(acc[j], a1, b[2], b[3]);
+            constexpr int S = Acc<NT>::SETS;
+            mma_bf16(acc.v[(set0 + 0) % S][j], a0, b[0], b[1]);
+            mma_bf16(acc.v[(set0 + (S > 1 ? 1 : 0)) % S][j], a1, b[2], b[3]);
         }
     }
 }
 
-template <int NT, int SPLIT, bool SILU, bool FP4>
+template <int NT, int SPLIT, bool SILU, bool FP4, bool XS>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
-    constexpr int U = NT == 4 ? 2 : (FP4 ? 4 : 2);  // chunks in flight per warp
+    // Chunks in flight per warp (weights, and x unless it is in shared memory).
+    constexpr int U = XS ? (FP4 ? 6 : 3) : (FP4 ? (NT == 1 ? 3 : 2) : (NT == 4 ? 1 : 2));
     __shared__ float4 red[WARPS][NT][32];
+    extern __shared__ uint4 xs_smem[];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t = lane & 3;
@@ -203,34 +241,81 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     constexpr int NW = SPLIT * WARPS;
     const int worker = rank * WARPS + warp;
 
-    float acc[NT][4];
+    Acc<NT> acc;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int q = 0; q < Acc<NT>::SETS; ++q)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc.v[q][j][0] = acc.v[q][j][1] = acc.v[q][j][2] = acc.v[q][j][3] = 0.f;
 
-    Stage<FP4> st[U];
+    // Let the next kernel (launched with PDL) start its own weight prefetch as soon as
+    // SMs have room; it still waits (griddepcontrol.wait) for this grid's results.
+    griddep_launch_dependents();
+
+    const int nlocal = ((nchunks + NW - 1) / NW) * WARPS;  // this CTA's chunk slots (XS)
+
+    Stage<NT, FP4, XS> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int c = worker + u * NW;
-        if (c < nchunks) load_stage<FP4, SILU>(p, rows, c, c == nfull, t, st[u]);
+        if (c < nchunks) load_stage<NT, FP4, SILU, XS>(p, rows, c, c == nfull, t, st[u]);
     }
     griddep_wait();  // x is written by the previous kernel
+    if (XS) {
+        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+        const int per_tok = nlocal * 16;
+        for (int idx = threadIdx.x; idx < p.m * per_tok; idx += THREADS) {
+            const int tok = idx / per_tok, rem = idx % per_tok;
+            const int li = rem / 16, piece = rem % 16;
+            const int c = rank * WARPS + li % WARPS + (li / WARPS) * NW;
+            const int kpos = c * CHUNK + piece * 8;
+            uint32_t v[4] = {0, 0, 0, 0};
+            if (c < nchunks && kpos < p.k) {
+                const uint4 q = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kpos));
+                const uint32_t nat[4] = {q.x, q.y, q.z, q.w};
+                if (FP4) {
+                    pair_like_weights(nat, v);
+                } else {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) v[r] = nat[r];
+                }
+            }
+            xs_smem[(tok * nlocal + li) * 16 + xs_piece(piece, tok)] = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+        __syncthreads();
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = worker + u * NW;
+            if (c < nchunks) load_x<NT, FP4, XS>(p, c, c == nfull, g, t, st[u]);
+        }
+    }
 
-    for (int c0 = worker; c0 < nchunks; c0 += U * NW) {
+    for (int c0 = worker, i0 = 0; c0 < nchunks; c0 += U * NW, i0 += U) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u * NW;
             if (c < nchunks) {
-                compute_stage<NT, FP4, SILU>(p, c, c == nfull, g, t, st[u], acc);
+                const int li = (i0 + u) * WARPS + warp;
+                compute_stage<NT, FP4, SILU, XS>(c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, xs_smem, li, nlocal, p.m, g, t);
                 const int cn = c + U * NW;
-                if (cn < nchunks) load_stage<FP4, SILU>(p, rows, cn, cn == nfull, t, st[u]);
+                if (cn < nchunks) {
+                    load_stage<NT, FP4, SILU, XS>(p, rows, cn, cn == nfull, t, st[u]);
+                    load_x<NT, FP4, XS>(p, cn, cn == nfull, g, t, st[u]);
+                }
             }
         }
     }
-    griddep_launch_dependents();
 
-    // Reduce the warps' partial tiles.
+    // Reduce the chains, then the warps' partial tiles.
 #pragma unroll
-    for (int j = 0; j < NT; ++j) red[warp][j][lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    for (int j = 0; j < NT; ++j) {
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < Acc<NT>::SETS; ++q) {
+            s.x += acc.v[q][j][0]; s.y += acc.v[q][j][1]; s.z += acc.v[q][j][2]; s.w += acc.v[q][j][3];
+        }
+        red[warp][j][lane] = s;
+    }
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
@@ -294,9 +379,18 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 
 }  // namespace
 
+// Register caps chosen so the pipelines do not spill (ptxas -v): 4 CTAs (16 warps) per
+// SM for the light variants, 3 or 2 for the heavier ones.
+constexpr int min_blocks(int nt, bool fp4) { return fp4 ? (nt <= 2 ? 4 : 2) : (nt <= 2 ? 3 : 2); }
+
+// Each variant also exists as NAME_xs: x staged once per CTA in dynamic shared memory
+// (NT <= 2; the host picks it when m * local chunks * 256 B fits).
 #define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                     \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const __grid_constant__ GemvParams p) { \
-        gemv_body<NT, SPLIT, SILU, FP4>(p);                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME(const __grid_constant__ GemvParams p) { \
+        gemv_body<NT, SPLIT, SILU, FP4, false>(p);                                                   \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME##_xs(const __grid_constant__ GemvParams p) { \
+        if constexpr (NT <= 2) gemv_body<NT, SPLIT, SILU, FP4, true>(p);                             \
     }
 
 #define CFP4_GEMV_SPLITS(NT, SILU, FP4, TAG)                                \

@@ -15,6 +15,8 @@ unsafe impl DeviceRepr for DequantParams {}
 
 const THREADS: u32 = 128;
 const WARPS: usize = 4;
+/// Largest x staging buffer (dynamic shared memory) the XS variants get.
+const XS_MAX: usize = 64 * 1024;
 
 fn contiguous_range(op: &str, what: &str, l: &Layout) -> Result<(usize, usize)> {
     match l.contiguous_offsets() {
@@ -54,7 +56,7 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         Some(nt) => nt,
         None => crate::tables::NT_CHOICES.into_iter().find(|nt| 8 * nt >= m).unwrap_or(4),
     };
-    let xs = x.as_cuda_slice::<bf16>()?.slice(lx.start_offset()..);
+    let xsl = x.as_cuda_slice::<bf16>()?.slice(lx.start_offset()..);
     let (fp4, n, out_scale) = match &w {
         W::Fp4 { lc, gs, .. } => (true, lc.shape().dims2()?.0, gs * 256.0),
         W::Bf16 { lw, .. } => (false, lw.shape().dims2()?.0, 1.0f32),
@@ -73,9 +75,20 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         (false, false) => "bf16",
         (false, true) => "bf16silu",
     };
-    let f = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}"))?;
+    // x in shared memory: this CTA's chunk slots for every token, 256 B per chunk.
+    let nlocal = nchunks.div_ceil(WARPS * split) * WARPS;
+    let xs_bytes = m * nlocal * 256;
+    let xs = match opts.x_in_smem {
+        Some(true) if nt > 2 || xs_bytes > XS_MAX => {
+            bail!("{op}: x does not fit in shared memory for nt = {nt}, M = {m}, K = {k}, split = {split}")
+        }
+        Some(v) => v,
+        None => nt <= 2 && xs_bytes <= XS_MAX,
+    };
+    let suffix = if xs { "_xs" } else { "" };
+    let f = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}{suffix}"))?;
     let mut out = unsafe { dev.alloc::<bf16>(m * n_out)? };
-    let (xp, _gx) = xs.device_ptr(&stream);
+    let (xp, _gx) = xsl.device_ptr(&stream);
     let (op_, _go) = out.device_ptr_mut(&stream);
     let mut params = GemvParams {
         w: 0,
@@ -91,7 +104,13 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         n_tiles: tiles as i32,
         pad: 0,
     };
-    let l = Launch { grid: (tiles * split) as u32, block: THREADS, cluster: split as u32, pdl: opts.pdl && image.has_sm90_features() };
+    let l = Launch {
+        grid: (tiles * split) as u32,
+        block: THREADS,
+        cluster: split as u32,
+        pdl: opts.pdl && image.has_sm90_features(),
+        smem: if xs { xs_bytes as u32 } else { 0 },
+    };
     match w {
         W::Fp4 { codes, lc, scales, ls, .. } => {
             let (a, b) = contiguous_range(op, "weight", lc)?;
@@ -162,7 +181,7 @@ pub(crate) fn dequantize_rows_cuda(w: &CudaStorage, lw: &Layout, s: &CudaStorage
         let (op_, _g3) = out.device_ptr_mut(&stream);
         let params = DequantParams { codes: cp, scales: sp, out: op_, n: n as i32, k: k as i32, sp: swizzled_shape(n, k / BLOCK_SIZE).1 as i32, pad: 0 };
         let words = (n * k / 8) as u32;
-        let l = Launch { grid: words.div_ceil(256), block: 256, cluster: 1, pdl: false };
+        let l = Launch { grid: words.div_ceil(256), block: 256, cluster: 1, pdl: false, smem: 0 };
         unsafe { launch(&stream, &f, l, &params)? };
     }
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, k))))

@@ -100,6 +100,8 @@ pub(crate) struct Launch {
     pub block: u32,
     pub cluster: u32,
     pub pdl: bool,
+    /// Dynamic shared memory bytes.
+    pub smem: u32,
 }
 
 /// Launches `f(params)` on `stream` with `cuLaunchKernelEx`, the kernel taking one
@@ -124,6 +126,15 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(stream: &CudaStream, f: &CudaF
         a.value.programmaticStreamSerializationAllowed = 1;
         attrs.push(a);
     }
+    if l.smem > 48 * 1024 {
+        sys::cuFuncSetAttribute(
+            f.cu_function(),
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            l.smem as i32,
+        )
+        .result()
+        .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
+    }
     let cfg = sys::CUlaunchConfig {
         gridDimX: l.grid,
         gridDimY: 1,
@@ -131,7 +142,7 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(stream: &CudaStream, f: &CudaF
         blockDimX: l.block,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: 0,
+        sharedMemBytes: l.smem,
         hStream: stream.cu_stream(),
         attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
         numAttrs: attrs.len() as u32,

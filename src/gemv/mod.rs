@@ -114,6 +114,9 @@ pub struct GemvOptions {
     pub split: Option<usize>,
     /// Kernel image.
     pub image: KernelImage,
+    /// Stage x in shared memory once per CTA (NT ≤ 2, when it fits) instead of streaming
+    /// it through registers; `None` = when it fits.
+    pub x_in_smem: Option<bool>,
 }
 
 impl GemvOptions {
