@@ -187,6 +187,32 @@ fn main() -> R<()> {
             rows.push(row);
         }
     }
+    // Variant sweep: cluster split and x staging, NVFP4, a few shapes.
+    let mut sweep = Vec::new();
+    for &(n, k, silu) in &[(4096usize, 4096usize, false), (28672, 4096, true), (128256, 4096, false)] {
+        let (np, sp) = swizzled_shape(n, k / 16);
+        let fp4_bytes = n * k / 2 + np * sp;
+        let sets = (256usize << 20).div_ceil(fp4_bytes).clamp(2, 64);
+        let codes: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
+        let scales: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
+        for m in [1usize, 8] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
+            for split in [1usize, 2, 4, 8] {
+                for xs in [false, true] {
+                    let o = GemvOptions { silu_mul: silu, pdl: true, split: Some(split), x_in_smem: Some(xs), ..Default::default() };
+                    let f = |i: usize| nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ());
+                    match gpu_time(&dev, (sets * 4).max(32), 9, f) {
+                        Ok(ms) => sweep.push(format!("{n}x{k} m={m} split={split} xs={xs}: {:.2} us ({:.0} GB/s)", ms * 1e3, fp4_bytes as f64 / (ms * 1e-3) / 1e9)),
+                        Err(e) => sweep.push(format!("{n}x{k} m={m} split={split} xs={xs}: {e}")),
+                    }
+                }
+            }
+        }
+    }
+    for l in &sweep {
+        println!("sweep {l}");
+    }
+
     // Dependent chain with PDL on/off: y_{i+1} = gemv(y_i), 4096×4096, M = 1.
     let (n, k) = (4096, 4096);
     let (np, sp) = swizzled_shape(n, k / 16);

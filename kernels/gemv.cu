@@ -80,7 +80,9 @@ struct Stage {
     // FP4: 16 bytes (32 codes) per row; BF16: 64 bytes per row.
     uint4 w[2][FP4 ? 1 : 4];
     uint32_t sc[2];  // FP4: two scale bytes per row (blocks 2t, 2t+1 of the chunk)
-    uint4 x[XS ? 1 : NT][4];  // 8 bf16 per word, natural order (unused with XS)
+    // BF16: x prefetched with the weights (8 bf16 per word, natural order). NVFP4 reads
+    // x at compute time instead (L1 hits), keeping registers for deeper weight prefetch.
+    uint4 x[(XS || FP4) ? 1 : NT][4];
 };
 
 // x staged in shared memory (XS variants): the CTA's chunks only, local chunk li of
@@ -92,7 +94,7 @@ __device__ __forceinline__ int xs_piece(int piece, int tok) { return piece ^ (pi
 // x of one chunk for this thread's tokens; zeros for tokens >= m and outside the tail.
 template <int NT, bool FP4, bool XS>
 __device__ __forceinline__ void load_x(const GemvParams& p, int chunk, bool tail, int g, int t, Stage<NT, FP4, XS>& st) {
-    if (XS) return;
+    if (XS || FP4) return;
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
     const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
 #pragma unroll
@@ -170,9 +172,26 @@ struct Acc {
 };
 
 template <int NT, bool FP4, bool SILU, bool XS>
-__device__ __forceinline__ void compute_stage(bool tail, const Stage<NT, FP4, XS>& st, Acc<NT>& acc, int set0,
-                                              const uint4* xs, int li, int nlocal, int m, int g, int t) {
+__device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, const Stage<NT, FP4, XS>& st,
+                                              Acc<NT>& acc, int set0, const uint4* xs, int li, int nlocal, int m, int g,
+                                              int t) {
     const int nwords = tail ? 2 : 4;
+    // NVFP4 without XS: this chunk's x, all loads issued before the first use.
+    uint4 xl[(FP4 && !XS) ? NT : 1][4];
+    if (FP4 && !XS) {
+        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+        const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int tok = j * 8 + g;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                xl[j][w] = make_uint4(0, 0, 0, 0);
+                if (tok < m && (!tail || w < 2))
+                    xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
+            }
+        }
+    }
     uint32_t sc[2][2];
     if (FP4) {
 #pragma unroll
@@ -204,7 +223,7 @@ __device__ __forceinline__ void compute_stage(bool tail, const Stage<NT, FP4, XS
                 if (tok < m) v = xs[(tok * nlocal + li) * 16 + xs_piece(tail ? 2 * t + w : 4 * t + w, tok)];
                 b[0] = v.x; b[1] = v.y; b[2] = v.z; b[3] = v.w;
             } else {
-                const uint4 v = st.x[j][w];
+                const uint4 v = FP4 ? xl[FP4 ? j : 0][w] : st.x[FP4 ? 0 : j][w];
                 const uint32_t nat[4] = {v.x, v.y, v.z, v.w};
                 if (FP4) {
                     pair_like_weights(nat, b);
@@ -225,7 +244,7 @@ __device__ __forceinline__ void compute_stage(bool tail, const Stage<NT, FP4, XS
 template <int NT, int SPLIT, bool SILU, bool FP4, bool XS>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     // Chunks in flight per warp (weights, and x unless it is in shared memory).
-    constexpr int U = XS ? (FP4 ? 6 : 3) : (FP4 ? (NT == 1 ? 3 : 2) : (NT == 4 ? 1 : 2));
+    constexpr int U = FP4 ? (NT == 4 ? 3 : 6) : (XS ? 3 : (NT == 4 ? 1 : 2));
     __shared__ float4 red[WARPS][NT][32];
     extern __shared__ uint4 xs_smem[];
 
@@ -296,7 +315,8 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
             const int c = c0 + u * NW;
             if (c < nchunks) {
                 const int li = (i0 + u) * WARPS + warp;
-                compute_stage<NT, FP4, SILU, XS>(c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, xs_smem, li, nlocal, p.m, g, t);
+                compute_stage<NT, FP4, SILU, XS>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, xs_smem, li, nlocal,
+                                                 p.m, g, t);
                 const int cn = c + U * NW;
                 if (cn < nchunks) {
                     load_stage<NT, FP4, SILU, XS>(p, rows, cn, cn == nfull, t, st[u]);

@@ -13,7 +13,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cfp4-cuda-target}"
 tests="${CFP4_GPU_TESTS:-$(cd tests && ls gpu_*.rs kv_cache_gpu*.rs 2>/dev/null | sed 's/\.rs$//' | tr '\n' ' ')}"
 benches="${CFP4_GPU_BENCHES:-$(cd benches && grep -l 'features = \["cuda"\]\|cuda_backend' *.rs 2>/dev/null | sed 's/\.rs$//' | tr '\n' ' ')}"
 mkdir -p .carry
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo /.carry/ >> .git/info/exclude
+excl=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$excl")"
+grep -qx '/.carry/' "$excl" 2>/dev/null || echo /.carry/ >> "$excl"
 rm -f .carry/*
 pack() { # $1 = cargo subcommand, $2 = target kind flag, $3 = name
     local exe

@@ -83,7 +83,8 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
             bail!("{op}: x does not fit in shared memory for nt = {nt}, M = {m}, K = {k}, split = {split}")
         }
         Some(v) => v,
-        None => nt <= 2 && xs_bytes <= XS_MAX,
+        // Measured on the H200 (docs/benchmarks.md): the register path is faster.
+        None => false,
     };
     let suffix = if xs { "_xs" } else { "" };
     let f = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}{suffix}"))?;

@@ -115,7 +115,7 @@ pub struct GemvOptions {
     /// Kernel image.
     pub image: KernelImage,
     /// Stage x in shared memory once per CTA (NT ≤ 2, when it fits) instead of streaming
-    /// it through registers; `None` = when it fits.
+    /// it through registers / L1; `None` = the register path (faster on the H200).
     pub x_in_smem: Option<bool>,
 }
 
