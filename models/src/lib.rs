@@ -1,1 +1,27 @@
 //! Model ports on candle-fp4.
+//!
+//! * [`llama`]: Llama (2, 3, 3.1 rope scaling; SmolLM2) on `QuantLinear`, NVFP4 or BF16
+//!   per module as the checkpoint says, with a preallocated [`kv_cache`].
+//! * [`quantize`]: HF safetensors (BF16/F16/F32) or a GGUF → a ModelOpt-compatible NVFP4
+//!   checkpoint, bit-identical to ModelOpt's export for the same BF16 weights.
+//! * [`gguf`]: reading a llama.cpp GGUF as a Hugging Face Llama (weights un-permuted,
+//!   config.json, tokenizer.json built from the GGUF metadata).
+//! * [`tokenizer`], [`sampling`], [`smollm2`]: what the decode binary needs.
+
+pub mod cli;
+pub mod config;
+pub mod gguf;
+pub mod kv_cache;
+pub mod llama;
+pub mod quantize;
+pub mod rope;
+pub mod sampling;
+pub mod smollm2;
+pub mod tokenizer;
+
+pub use config::{LlamaConfig, RopeScaling};
+pub use kv_cache::{KvCacheKind, LayerCache};
+pub use llama::{Llama, LoadOptions};
+
+/// Rows of hidden states sent through `lm_head` at once by `Llama::forward_all`.
+pub const MAX_LOGIT_ROWS: usize = 32;

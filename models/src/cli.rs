@@ -1,0 +1,71 @@
+//! Shared pieces of the command-line tools: `--model` resolution (a folder, or
+//! `smollm2` / `smollm2-bf16` fetched and converted on first use), `--device`, progress
+//! bars.
+
+use crate::quantize::Progress;
+use crate::smollm2::{self, Variant};
+use anyhow::{bail, Result};
+use candle_core::Device;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+
+/// A progress bar over the tensors of a conversion, on stderr.
+pub fn progress_bar() -> (ProgressBar, impl FnMut(Progress<'_>)) {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} quantizing [{bar:40}] {pos}/{len} tensors {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let p = pb.clone();
+    let f = move |pr: Progress<'_>| {
+        p.set_length(pr.total as u64);
+        p.set_position(pr.done as u64);
+        p.set_message(pr.name.to_string());
+    };
+    (pb, f)
+}
+
+/// `--model`: `smollm2` (NVFP4), `smollm2-bf16` (the dequantized GGUF in BF16), or a
+/// Hugging Face / ModelOpt model folder.
+pub fn resolve_model(spec: &str) -> Result<PathBuf> {
+    let variant = match spec {
+        "smollm2" | "smollm2-nvfp4" => Variant::Nvfp4,
+        "smollm2-bf16" => Variant::Bf16,
+        _ => {
+            let p = PathBuf::from(spec);
+            if !p.exists() {
+                bail!("--model {spec}: no such folder (give a model folder, `smollm2` or `smollm2-bf16`)");
+            }
+            if !p.is_dir() {
+                bail!("--model {spec}: not a folder (a GGUF must first go through the quantizer)");
+            }
+            return Ok(p);
+        }
+    };
+    let (pb, mut on_progress) = progress_bar();
+    let mut log = |s: &str| pb.suspend(|| eprintln!("{s}"));
+    let dir = smollm2::ensure_model(variant, &mut log, &mut on_progress);
+    pb.finish_and_clear();
+    dir
+}
+
+/// `--device cpu|cuda|cuda:N`.
+pub fn device(spec: &str) -> Result<Device> {
+    match spec {
+        "cpu" => Ok(Device::Cpu),
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let i: usize = match s.strip_prefix("cuda:") {
+                Some(n) => n
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--device {s}: bad GPU index"))?,
+                None => 0,
+            };
+            if !cfg!(feature = "cuda") {
+                bail!("--device {s}: this binary was built without CUDA (rebuild with `--features cuda`)");
+            }
+            Ok(Device::new_cuda(i)?)
+        }
+        s => bail!("--device {s}: expected cpu, cuda or cuda:N"),
+    }
+}

@@ -1,0 +1,528 @@
+//! Llama (Llama 2, Llama 3 / 3.1, SmolLM2, …) on [`QuantLinear`]: every projection is
+//! NVFP4 or BF16 as the checkpoint's quant config says; q|k|v and gate|up are fused into
+//! one layer each (gate|up runs the GEMV's `silu_mul` epilogue); grouped-query attention
+//! over a preallocated [`LayerCache`]; tied or separate `lm_head`.
+//!
+//! Numerics: activations (residual stream, norms, RoPE, attention) in `dtype` (F32 by
+//! default on CPU, BF16 on CUDA); every projection takes BF16 input and returns BF16
+//! (see `QuantLinear`); softmax in F32; logits returned as F32.
+
+use crate::config::LlamaConfig;
+use crate::kv_cache::{KvCacheKind, LayerCache};
+use crate::rope::Rope;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_fp4::checkpoint::Checkpoint;
+use candle_fp4::quant_config::QuantConfig;
+use candle_fp4::quant_linear::QuantLinear;
+use std::path::Path;
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// KV-cache storage.
+    pub kv_cache: KvCacheKind,
+    /// Tokens the KV cache holds (prompt + generated); default
+    /// `min(max_position_embeddings, 4096)`.
+    pub max_seq_len: Option<usize>,
+    /// Activation dtype; default F32 on CPU (candle's CPU BF16 ops are slower and
+    /// QuantLinear takes BF16 input either way), BF16 elsewhere.
+    pub dtype: Option<DType>,
+    /// Longest run of tokens pushed through the layers at once; longer inputs are split.
+    /// Default 32 (the GEMV's largest M).
+    pub prefill_chunk: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            kv_cache: KvCacheKind::Bf16,
+            max_seq_len: None,
+            dtype: None,
+            prefill_chunk: 32,
+        }
+    }
+}
+
+/// A projection that is fused when the checkpoint allows it (shared global scale), else
+/// kept as separate layers whose outputs are concatenated.
+#[derive(Debug)]
+enum Fused {
+    One(QuantLinear),
+    Split(Vec<QuantLinear>),
+}
+
+impl Fused {
+    fn load(ckpt: &Checkpoint, prefixes: &[&str], dev: &Device, q: &QuantConfig) -> Result<Self> {
+        match QuantLinear::load_fused(ckpt, prefixes, dev, q) {
+            Ok(l) => Ok(Self::One(l)),
+            Err(e) if e.to_string().contains("different global scales") => {
+                let ls = prefixes
+                    .iter()
+                    .map(|p| QuantLinear::load(ckpt, p, dev, q))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Ok(Self::Split(ls))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn out_features(&self) -> usize {
+        match self {
+            Self::One(l) => l.out_features(),
+            Self::Split(ls) => ls.iter().map(QuantLinear::out_features).sum(),
+        }
+    }
+
+    fn in_features(&self) -> usize {
+        match self {
+            Self::One(l) => l.in_features(),
+            Self::Split(ls) => ls[0].in_features(),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::One(l) => l.forward(x),
+            Self::Split(ls) => {
+                let ys = ls
+                    .iter()
+                    .map(|l| l.forward(x))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Tensor::cat(&ys, D::Minus1)
+            }
+        }
+    }
+
+    /// `silu(gate) · up` for `[gate | up]`.
+    fn forward_silu_mul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::One(l) => l.forward_silu_mul(x),
+            Self::Split(ls) => {
+                let dt = x.dtype();
+                let g = ls[0].forward(x)?.to_dtype(DType::F32)?;
+                let u = ls[1].forward(x)?.to_dtype(DType::F32)?;
+                (candle_nn::ops::silu(&g)? * u)?
+                    .to_dtype(DType::BF16)?
+                    .to_dtype(dt)
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    attn_norm: Tensor,
+    qkv: Fused,
+    o: QuantLinear,
+    mlp_norm: Tensor,
+    gate_up: Fused,
+    down: QuantLinear,
+}
+
+/// A Llama model with its KV cache.
+#[derive(Debug)]
+pub struct Llama {
+    cfg: LlamaConfig,
+    quant: QuantConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: QuantLinear,
+    rope: Rope,
+    caches: Vec<LayerCache>,
+    dtype: DType,
+    device: Device,
+    max_seq_len: usize,
+    prefill_chunk: usize,
+}
+
+fn check_dims(what: &str, l: &Fused, n: usize, k: usize) -> Result<()> {
+    if l.out_features() != n || l.in_features() != k {
+        bail!(
+            "`{what}` is [{}, {}], the config needs [{n}, {k}]",
+            l.out_features(),
+            l.in_features()
+        );
+    }
+    Ok(())
+}
+
+fn load_vector(ckpt: &Checkpoint, name: &str, n: usize, dt: DType, dev: &Device) -> Result<Tensor> {
+    let t = ckpt.get_checked(name, &[DType::BF16, DType::F16, DType::F32], &[n])?;
+    Ok(t.to_tensor(dev)?.to_dtype(dt)?)
+}
+
+impl Llama {
+    /// Loads a Hugging Face Llama folder (`config.json`, `model.safetensors` or a sharded
+    /// index, and optionally ModelOpt's `hf_quant_config.json`) onto `device`.
+    pub fn load(dir: impl AsRef<Path>, device: &Device, opts: &LoadOptions) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            bail!(
+                "{}: not a model folder (it does not exist or is not a directory)",
+                dir.display()
+            );
+        }
+        let cfg = LlamaConfig::from_dir(dir)?;
+        let quant = QuantConfig::from_dir(dir)?;
+        // SAFETY: the checkpoint files are memory-mapped read-only; like every mmap-based
+        // loader we rely on nobody rewriting them while the model is being loaded (the
+        // tensors are copied into device memory before `ckpt` is dropped).
+        let ckpt = unsafe { Checkpoint::open(dir) }
+            .with_context(|| format!("{}: cannot open the weights", dir.display()))?;
+        let dtype = opts.dtype.unwrap_or(if device.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        });
+        let max_seq_len = opts
+            .max_seq_len
+            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        if max_seq_len == 0 {
+            bail!("max_seq_len must be positive");
+        }
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+
+        let ename = "model.embed_tokens.weight";
+        let e = ckpt.get(ename)?;
+        if !e.dtype.is_float() {
+            bail!("{}: `{ename}` is {:?}: quantized embeddings are not supported (ModelOpt keeps them in 16 bits)", ckpt.origin(), e.dtype);
+        }
+        if e.shape != [cfg.vocab_size, h] {
+            bail!(
+                "{}: `{ename}` has shape {:?}, the config needs [{}, {h}]",
+                ckpt.origin(),
+                e.shape,
+                cfg.vocab_size
+            );
+        }
+        let embed_w = e.to_tensor(device)?.to_dtype(DType::BF16)?;
+
+        let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            let names = [
+                format!("{a}.q_proj"),
+                format!("{a}.k_proj"),
+                format!("{a}.v_proj"),
+            ];
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let qkv = Fused::load(&ckpt, &names, device, &quant)?;
+            check_dims(
+                &format!("{a}.q_proj|k_proj|v_proj"),
+                &qkv,
+                (nh + 2 * nkv) * hd,
+                h,
+            )?;
+            let o = QuantLinear::load(&ckpt, &format!("{a}.o_proj"), device, &quant)?;
+            check_dims(&format!("{a}.o_proj"), &Fused::One(o.clone()), h, nh * hd)?;
+            let gu = [format!("{m}.gate_proj"), format!("{m}.up_proj")];
+            let gu: Vec<&str> = gu.iter().map(String::as_str).collect();
+            let gate_up = Fused::load(&ckpt, &gu, device, &quant)?;
+            check_dims(
+                &format!("{m}.gate_proj|up_proj"),
+                &gate_up,
+                2 * cfg.intermediate_size,
+                h,
+            )?;
+            let down = QuantLinear::load(&ckpt, &format!("{m}.down_proj"), device, &quant)?;
+            check_dims(
+                &format!("{m}.down_proj"),
+                &Fused::One(down.clone()),
+                h,
+                cfg.intermediate_size,
+            )?;
+            if cfg.attention_bias && !qkv_has_bias(&qkv) {
+                bail!(
+                    "{}: config says attention_bias but `{a}.q_proj.bias` is missing",
+                    ckpt.origin()
+                );
+            }
+            blocks.push(Block {
+                attn_norm: load_vector(
+                    &ckpt,
+                    &format!("{p}.input_layernorm.weight"),
+                    h,
+                    dtype,
+                    device,
+                )?,
+                qkv,
+                o,
+                mlp_norm: load_vector(
+                    &ckpt,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    h,
+                    dtype,
+                    device,
+                )?,
+                gate_up,
+                down,
+            });
+        }
+        let norm = load_vector(&ckpt, "model.norm.weight", h, dtype, device)?;
+        let lm_head = if cfg.tie_word_embeddings || !ckpt.contains("lm_head.weight") {
+            QuantLinear::from_bf16(embed_w.clone(), None)?
+        } else {
+            let l = QuantLinear::load(&ckpt, "lm_head", device, &quant)?;
+            if l.out_features() != cfg.vocab_size || l.in_features() != h {
+                bail!(
+                    "{}: `lm_head` is [{}, {}], the config needs [{}, {h}]",
+                    ckpt.origin(),
+                    l.out_features(),
+                    l.in_features(),
+                    cfg.vocab_size
+                );
+            }
+            l
+        };
+        let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
+        let caches = (0..cfg.num_hidden_layers)
+            .map(|_| LayerCache::new(opts.kv_cache, nkv, hd, max_seq_len, device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            cfg,
+            quant,
+            embed: embed_w,
+            blocks,
+            norm,
+            lm_head,
+            rope,
+            caches,
+            dtype,
+            device: device.clone(),
+            max_seq_len,
+            prefill_chunk: opts.prefill_chunk.max(1),
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    pub fn quant_config(&self) -> &QuantConfig {
+        &self.quant
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Tokens the KV cache can hold.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// Tokens in the KV cache.
+    pub fn cached_len(&self) -> usize {
+        self.caches.first().map_or(0, LayerCache::len)
+    }
+
+    pub fn kv_cache_kind(&self) -> KvCacheKind {
+        self.caches
+            .first()
+            .map_or(KvCacheKind::Bf16, LayerCache::kind)
+    }
+
+    /// KV-cache bytes per token (all layers).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.caches.iter().map(LayerCache::bytes_per_token).sum()
+    }
+
+    /// How many of the model's Linear layers hold NVFP4 weights, out of all.
+    pub fn nvfp4_layer_count(&self) -> (usize, usize) {
+        let mut all: Vec<&QuantLinear> = vec![&self.lm_head];
+        for b in &self.blocks {
+            for f in [&b.qkv, &b.gate_up] {
+                match f {
+                    Fused::One(l) => all.push(l),
+                    Fused::Split(ls) => all.extend(ls.iter()),
+                }
+            }
+            all.push(&b.o);
+            all.push(&b.down);
+        }
+        (all.iter().filter(|l| l.is_nvfp4()).count(), all.len())
+    }
+
+    /// Empties the KV cache.
+    pub fn reset(&mut self) {
+        self.caches.iter_mut().for_each(|c| c.truncate(0));
+    }
+
+    /// Runs `tokens` at positions `position..position + tokens.len()` and returns the
+    /// logits of the last one, F32 `[vocab]`. `position` must be at most the number of
+    /// cached tokens (a smaller one rewinds the cache).
+    pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        let h = self.run(tokens, position)?;
+        let last = h.narrow(0, h.dim(0)? - 1, 1)?;
+        Ok(self.logits(&last)?.squeeze(0)?)
+    }
+
+    /// Like [`forward`](Self::forward) but returns the logits of every token, F32
+    /// `[tokens.len(), vocab]`.
+    pub fn forward_all(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        let h = self.run(tokens, position)?;
+        let mut out = vec![];
+        for s in (0..h.dim(0)?).step_by(crate::MAX_LOGIT_ROWS) {
+            let n = crate::MAX_LOGIT_ROWS.min(h.dim(0)? - s);
+            out.push(self.logits(&h.narrow(0, s, n)?)?);
+        }
+        Ok(Tensor::cat(&out, 0)?)
+    }
+
+    fn logits(&self, h: &Tensor) -> candle_core::Result<Tensor> {
+        let x = candle_nn::ops::rms_norm(h, &self.norm, self.cfg.rms_norm_eps as f32)?;
+        self.lm_head.forward(&x)?.to_dtype(DType::F32)
+    }
+
+    /// The final hidden states (before the last norm) of `tokens`, `[t, hidden]`.
+    fn run(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        if tokens.is_empty() {
+            bail!("forward: no tokens");
+        }
+        let cached = self.cached_len();
+        if position > cached {
+            bail!("forward: position {position} is past the {cached} cached tokens");
+        }
+        if position + tokens.len() > self.max_seq_len {
+            bail!(
+                "{} tokens at position {position} exceed the context of {} tokens{}",
+                tokens.len(),
+                self.max_seq_len,
+                if self.max_seq_len < self.cfg.max_position_embeddings {
+                    " (raise max_seq_len, up to max_position_embeddings)"
+                } else {
+                    " (the model's max_position_embeddings)"
+                }
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            );
+        }
+        self.caches.iter_mut().for_each(|c| c.truncate(position));
+        let mut outs = vec![];
+        let mut pos = position;
+        for chunk in tokens.chunks(self.prefill_chunk) {
+            outs.push(self.run_chunk(chunk, pos)?);
+            pos += chunk.len();
+        }
+        Ok(if outs.len() == 1 {
+            outs.pop().unwrap()
+        } else {
+            Tensor::cat(&outs, 0)?
+        })
+    }
+
+    fn run_chunk(&mut self, tokens: &[u32], pos: usize) -> candle_core::Result<Tensor> {
+        let t = tokens.len();
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?.to_dtype(self.dtype)?;
+        let mask = if t > 1 {
+            let l = pos + t;
+            let m: Vec<f32> = (0..t)
+                .flat_map(|i| {
+                    (0..l).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })
+                })
+                .collect();
+            Some(Tensor::from_vec(m, (t, l), &self.device)?)
+        } else {
+            None
+        };
+        let eps = self.cfg.rms_norm_eps as f32;
+        for (b, cache) in self.blocks.iter().zip(self.caches.iter_mut()) {
+            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
+            let a = attention(
+                &self.cfg,
+                &self.rope,
+                b,
+                &h,
+                pos,
+                cache,
+                mask.as_ref(),
+                self.dtype,
+            )?;
+            x = (x + a)?;
+            let h = candle_nn::ops::rms_norm(&x, &b.mlp_norm, eps)?;
+            x = (x + b.down.forward(&b.gate_up.forward_silu_mul(&h)?)?)?;
+        }
+        Ok(x)
+    }
+}
+
+fn qkv_has_bias(f: &Fused) -> bool {
+    match f {
+        Fused::One(l) => l.bias().is_some(),
+        Fused::Split(ls) => ls[0].bias().is_some(),
+    }
+}
+
+/// Grouped-query attention of `x` `[t, hidden]` at positions `pos..pos + t`.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    cfg: &LlamaConfig,
+    rope: &Rope,
+    b: &Block,
+    x: &Tensor,
+    pos: usize,
+    cache: &mut LayerCache,
+    mask: Option<&Tensor>,
+    dtype: DType,
+) -> candle_core::Result<Tensor> {
+    let t = x.dim(0)?;
+    let (nh, nkv, hd) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
+    let n_rep = nh / nkv;
+    let qkv = b.qkv.forward(x)?;
+    let heads = |start: usize, n: usize| -> candle_core::Result<Tensor> {
+        qkv.narrow(1, start * hd, n * hd)?
+            .reshape((t, n, hd))?
+            .transpose(0, 1)?
+            .contiguous()
+    };
+    let q = rope.apply(&heads(0, nh)?.unsqueeze(0)?, pos)?.squeeze(0)?;
+    let k = rope
+        .apply(&heads(nh, nkv)?.unsqueeze(0)?, pos)?
+        .squeeze(0)?;
+    let v = heads(nh + nkv, nkv)?;
+    let (ka, va) = cache.append(&k, &v)?;
+    let l = ka.dim(1)?;
+    // Query heads h·n_rep..(h+1)·n_rep share KV head h: [nkv, n_rep·t, hd].
+    let mut q = q.reshape((nkv, n_rep * t, hd))?;
+    if let Some(r) = cache.q_rotation() {
+        q = q
+            .to_dtype(DType::F32)?
+            .broadcast_matmul(r)?
+            .to_dtype(dtype)?;
+    }
+    let ka = ka.to_dtype(dtype)?.contiguous()?;
+    let va = va.to_dtype(dtype)?.contiguous()?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut att = (q.matmul(&ka.t()?)? * scale)?.to_dtype(DType::F32)?;
+    if let Some(m) = mask {
+        att = att
+            .reshape((nkv, n_rep, t, l))?
+            .broadcast_add(m)?
+            .reshape((nkv, n_rep * t, l))?;
+    }
+    let att = candle_nn::ops::softmax_last_dim(&att)?.to_dtype(dtype)?;
+    let y = att.matmul(&va)?; // [nkv, n_rep·t, hd]
+    let y = y
+        .reshape((nh, t, hd))?
+        .transpose(0, 1)?
+        .reshape((t, nh * hd))?;
+    b.o.forward(&y)
+}

@@ -1,0 +1,520 @@
+//! The NVFP4 quantizer: a Hugging Face Llama (safetensors in BF16/F16/F32 + config.json)
+//! or a llama.cpp GGUF (dequantized, rounded to BF16, then requantized) → a
+//! ModelOpt-compatible NVFP4 checkpoint.
+//!
+//! What ModelOpt 0.47 (`W4A16_NVFP4_CFG` / `NVFP4_DEFAULT_CFG` + `export_hf_checkpoint`)
+//! does, and so what this writes:
+//!
+//! * every Linear of the decoder layers (`q/k/v/o_proj`, `gate/up/down_proj`) becomes
+//!   `weight` U8 `[N, K/2]`, `weight_scale` F8_E4M3 `[N, K/16]`, `weight_scale_2` F32 `[]`;
+//! * `lm_head` and `model.embed_tokens` are excluded (kept as they are), as are the norms;
+//! * q/k/v share one global scale (the largest of their own `amax / 2688`), and so do
+//!   gate/up; block scales are computed against the shared value
+//!   ([`candle_fp4::nvfp4::quantize_nvfp4_slice`], bit-exact with ModelOpt);
+//! * `model.safetensors` is written by the same serializer as Python's `safetensors`
+//!   (the Rust crate it wraps), with metadata `{"format": "pt"}`.
+//!
+//! No activation calibration is done, so there is no `input_scale` and the algorithm is
+//! recorded as `W4A16_NVFP4` (ModelOpt's W4A16 export is its NVFP4 export minus the
+//! `input_scale` tensors). `config.json` gets ModelOpt's `quantization_config` block and
+//! `hf_quant_config.json` is written next to it; tokenizer files are copied (or, from a
+//! GGUF, built from its metadata).
+
+use crate::config::LlamaConfig;
+use crate::gguf::GgufModel;
+use anyhow::{bail, Context, Result};
+use candle_core::DType;
+use candle_fp4::checkpoint::Checkpoint;
+use candle_fp4::nvfp4::{global_scale_for_amax, quantize_nvfp4_slice, Nvfp4Quantized, BLOCK_SIZE};
+use candle_fp4::quant_config::QuantConfig;
+use half::{bf16, f16};
+use safetensors::tensor::{Dtype as StDtype, View};
+use serde_json::{json, Value as Json};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Modules ModelOpt leaves unquantized in a Llama.
+pub const DEFAULT_EXCLUDE: [&str; 2] = ["lm_head", "model.embed_tokens"];
+
+/// Tokenizer / generation files copied from a Hugging Face folder when present.
+pub const TOKENIZER_FILES: [&str; 8] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+];
+
+/// What to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputFormat {
+    /// ModelOpt NVFP4 (W4A16).
+    #[default]
+    Nvfp4,
+    /// Plain BF16 Hugging Face checkpoint (the GGUF → HF conversion alone; the BF16
+    /// reference for quality checks).
+    Bf16,
+}
+
+/// What [`quantize_model`] writes.
+#[derive(Debug, Clone, Default)]
+pub struct QuantizeOptions {
+    pub format: OutputFormat,
+    /// Modules to keep in 16 bits besides ModelOpt's defaults ([`DEFAULT_EXCLUDE`]):
+    /// fnmatch patterns as in ModelOpt's `exclude_modules` (e.g. `*.down_proj`,
+    /// `model.layers.0.*`); recorded in the output's quant config. Empty = ModelOpt's
+    /// exact behaviour.
+    pub exclude: Vec<String>,
+}
+
+/// Progress of [`quantize_model`]: `done` of `total` tensors written so far.
+#[derive(Debug, Clone)]
+pub struct Progress<'a> {
+    pub done: usize,
+    pub total: usize,
+    pub name: &'a str,
+}
+
+/// A finished conversion.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub output: PathBuf,
+    /// Linears quantized to NVFP4.
+    pub quantized: usize,
+    /// Tensors copied unquantized.
+    pub kept: usize,
+    pub bytes: u64,
+}
+
+/// An owned tensor for the safetensors writer.
+#[derive(Debug, Clone)]
+pub struct OwnedTensor {
+    pub dtype: StDtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl View for &OwnedTensor {
+    fn dtype(&self) -> StDtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn st_dtype(dt: DType) -> Result<StDtype> {
+    Ok(match dt {
+        DType::BF16 => StDtype::BF16,
+        DType::F16 => StDtype::F16,
+        DType::F32 => StDtype::F32,
+        DType::F64 => StDtype::F64,
+        DType::U8 => StDtype::U8,
+        DType::U32 => StDtype::U32,
+        DType::I64 => StDtype::I64,
+        DType::F8E4M3 => StDtype::F8_E4M3,
+        d => bail!("cannot write dtype {d:?}"),
+    })
+}
+
+/// Serializes `tensors` as Python's `safetensors.torch.save_file(..., metadata={"format": "pt"})` does.
+pub fn write_safetensors(tensors: &[(String, OwnedTensor)], path: &Path) -> Result<()> {
+    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    safetensors::serialize_to_file(
+        tensors.iter().map(|(n, t)| (n.as_str(), t)),
+        Some(meta),
+        path,
+    )
+    .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The NVFP4 tensors of one Linear `prefix`, in ModelOpt's names and dtypes.
+pub fn nvfp4_tensors(prefix: &str, q: &Nvfp4Quantized) -> Vec<(String, OwnedTensor)> {
+    vec![
+        (
+            format!("{prefix}.weight"),
+            OwnedTensor {
+                dtype: StDtype::U8,
+                shape: vec![q.n, q.k / 2],
+                data: q.weight.clone(),
+            },
+        ),
+        (
+            format!("{prefix}.weight_scale"),
+            OwnedTensor {
+                dtype: StDtype::F8_E4M3,
+                shape: vec![q.n, q.k / BLOCK_SIZE],
+                data: q.weight_scale.clone(),
+            },
+        ),
+        (
+            format!("{prefix}.weight_scale_2"),
+            OwnedTensor {
+                dtype: StDtype::F32,
+                shape: vec![],
+                data: q.global_scale.to_le_bytes().to_vec(),
+            },
+        ),
+    ]
+}
+
+/// Quantizes a group of Linears that share one global scale (q/k/v, gate/up, or a
+/// single layer): each `(values, n, k)` is a row-major F32 weight.
+pub fn quantize_group(weights: &[(Vec<f32>, usize, usize)]) -> Result<Vec<Nvfp4Quantized>> {
+    let mut shared = 0f32;
+    for (w, n, k) in weights {
+        if w.len() != n * k {
+            bail!("quantize_group: {} values for [{n}, {k}]", w.len());
+        }
+        let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        shared = shared.max(global_scale_for_amax(amax));
+    }
+    weights
+        .iter()
+        .map(|(w, n, k)| Ok(quantize_nvfp4_slice(w, *n, *k, Some(shared))?))
+        .collect()
+}
+
+/// Where the weights come from.
+enum Source {
+    Hf {
+        dir: PathBuf,
+        ckpt: Checkpoint,
+        config: Json,
+    },
+    Gguf(Box<GgufModel>),
+}
+
+impl Source {
+    fn open(input: &Path) -> Result<Self> {
+        if input.is_file() {
+            let mut magic = [0u8; 4];
+            use std::io::Read;
+            std::fs::File::open(input)
+                .and_then(|mut f| f.read_exact(&mut magic))
+                .with_context(|| format!("cannot read {}", input.display()))?;
+            if &magic != b"GGUF" {
+                bail!(
+                    "{}: not a GGUF file (give a GGUF or a Hugging Face model folder)",
+                    input.display()
+                );
+            }
+            return Ok(Self::Gguf(Box::new(GgufModel::open(input)?)));
+        }
+        if !input.is_dir() {
+            bail!("{}: no such file or folder", input.display());
+        }
+        let cpath = input.join("config.json");
+        let text = std::fs::read_to_string(&cpath).with_context(|| {
+            format!(
+                "{}: cannot read config.json (a Hugging Face model folder needs one)",
+                input.display()
+            )
+        })?;
+        let config: Json = serde_json::from_str(&text)
+            .with_context(|| format!("{}: invalid JSON", cpath.display()))?;
+        if QuantConfig::from_dir(input)?.quantizes() {
+            bail!("{}: the checkpoint is already quantized", input.display());
+        }
+        // SAFETY: read-only mapping of the input files, not modified during the run.
+        let ckpt = unsafe { Checkpoint::open(input)? };
+        Ok(Self::Hf {
+            dir: input.to_path_buf(),
+            ckpt,
+            config,
+        })
+    }
+
+    fn config(&self) -> Result<Json> {
+        match self {
+            Self::Hf { config, .. } => Ok(config.clone()),
+            Self::Gguf(g) => g.config_json(),
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        match self {
+            Self::Hf { ckpt, .. } => ckpt.names().into_iter().map(str::to_string).collect(),
+            Self::Gguf(g) => g.hf_names(),
+        }
+    }
+
+    /// The tensor as stored (HF) or as BF16 (GGUF, dequantized then rounded).
+    fn raw(&self, name: &str) -> Result<OwnedTensor> {
+        match self {
+            Self::Hf { ckpt, .. } => {
+                let t = ckpt.get(name)?;
+                Ok(OwnedTensor {
+                    dtype: st_dtype(t.dtype)?,
+                    shape: t.shape.clone(),
+                    data: t.data.to_vec(),
+                })
+            }
+            Self::Gguf(g) => {
+                let t = g.tensor_f32(name)?.to_dtype(DType::BF16)?;
+                let shape = t.dims().to_vec();
+                let v = t.flatten_all()?.to_vec1::<bf16>()?;
+                let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Ok(OwnedTensor {
+                    dtype: StDtype::BF16,
+                    shape,
+                    data,
+                })
+            }
+        }
+    }
+
+    /// A 2-d float weight as F32 values (exact from BF16/F16).
+    fn matrix_f32(&self, name: &str) -> Result<(Vec<f32>, usize, usize)> {
+        let t = self.raw(name)?;
+        let (n, k) = match t.shape.as_slice() {
+            [n, k] => (*n, *k),
+            s => bail!("tensor `{name}` has shape {s:?}, expected a 2-d Linear weight"),
+        };
+        let v: Vec<f32> = match t.dtype {
+            StDtype::BF16 => t
+                .data
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            StDtype::F16 => t
+                .data
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            StDtype::F32 => t
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            d => bail!("tensor `{name}` is {d:?}; the quantizer reads BF16, F16 or F32 weights"),
+        };
+        Ok((v, n, k))
+    }
+}
+
+/// The groups of Linears (by module prefix) that share a global scale, for a Llama.
+fn linear_groups(names: &[String]) -> Vec<Vec<String>> {
+    let mut layers: Vec<usize> = names
+        .iter()
+        .filter_map(|n| {
+            n.strip_prefix("model.layers.")?
+                .split_once('.')?
+                .0
+                .parse()
+                .ok()
+        })
+        .collect();
+    layers.sort_unstable();
+    layers.dedup();
+    let has = |p: &str| names.iter().any(|n| n == &format!("{p}.weight"));
+    let mut groups = vec![];
+    for i in layers {
+        let a = format!("model.layers.{i}.self_attn");
+        let m = format!("model.layers.{i}.mlp");
+        for g in [
+            vec![
+                format!("{a}.q_proj"),
+                format!("{a}.k_proj"),
+                format!("{a}.v_proj"),
+            ],
+            vec![format!("{a}.o_proj")],
+            vec![format!("{m}.gate_proj"), format!("{m}.up_proj")],
+            vec![format!("{m}.down_proj")],
+        ] {
+            let present: Vec<String> = g.into_iter().filter(|p| has(p)).collect();
+            if !present.is_empty() {
+                groups.push(present);
+            }
+        }
+    }
+    groups
+}
+
+/// ModelOpt's `quantization_config` block (W4A16 form) for `config.json`.
+pub fn quantization_config_block(exclude: &[String]) -> Json {
+    json!({
+        "config_groups": {"group_0": {
+            "weights": {"dynamic": false, "num_bits": 4, "type": "float", "group_size": 16},
+            "targets": ["Linear"]}},
+        "ignore": exclude,
+        "quant_algo": "W4A16_NVFP4",
+        "producer": {"name": "candle-fp4", "version": env!("CARGO_PKG_VERSION")},
+        "quant_method": "modelopt",
+    })
+}
+
+/// `hf_quant_config.json`, as ModelOpt writes it.
+pub fn hf_quant_config(exclude: &[String]) -> Json {
+    json!({
+        "producer": {"name": "candle-fp4", "version": env!("CARGO_PKG_VERSION")},
+        "quantization": {
+            "quant_algo": "W4A16_NVFP4",
+            "kv_cache_quant_algo": null,
+            "group_size": 16,
+            "exclude_modules": exclude,
+        }
+    })
+}
+
+fn write_json(path: &Path, v: &Json) -> Result<()> {
+    let text = serde_json::to_string_pretty(v)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Converts `input` (a Hugging Face Llama folder or a `.gguf`) into `output` (created;
+/// it must not exist or be empty). `on_progress` is called after every tensor.
+pub fn quantize_model(
+    input: &Path,
+    output: &Path,
+    opts: &QuantizeOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Summary> {
+    let format = opts.format;
+    let src = Source::open(input)?;
+    let mut config = src.config()?;
+    // Fail early on a model this port cannot run.
+    LlamaConfig::from_json_str(&config.to_string(), &format!("{}: config", input.display()))?;
+    if output.exists() {
+        let empty = std::fs::read_dir(output)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty {
+            bail!(
+                "{}: output folder exists and is not empty",
+                output.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(output)
+        .with_context(|| format!("cannot create {}", output.display()))?;
+
+    let names = src.names();
+    let mut exclude: Vec<String> = DEFAULT_EXCLUDE.iter().map(|s| s.to_string()).collect();
+    for e in &opts.exclude {
+        if !exclude.contains(e) {
+            exclude.push(e.clone());
+        }
+    }
+    let matcher = QuantConfig {
+        exclude: exclude.clone(),
+        ..QuantConfig::unquantized()
+    };
+    let mut groups: Vec<Vec<String>> = vec![];
+    if format == OutputFormat::Nvfp4 {
+        for g in linear_groups(&names) {
+            if !g.iter().any(|p| matcher.is_excluded(p)) {
+                groups.push(g);
+                continue;
+            }
+            // A group sharing a global scale is kept or quantized whole: name the members
+            // the patterns did not cover, so that loaders see them as excluded too.
+            for p in g {
+                if !matcher.is_excluded(&p) {
+                    exclude.push(p);
+                }
+            }
+        }
+    }
+    let quantized: std::collections::HashSet<String> = groups
+        .iter()
+        .flatten()
+        .map(|p| format!("{p}.weight"))
+        .collect();
+    let total = names.len();
+    let mut done = 0;
+    let mut out: Vec<(String, OwnedTensor)> = Vec::with_capacity(total + 2 * quantized.len());
+    let mut summary = Summary {
+        output: output.to_path_buf(),
+        ..Default::default()
+    };
+    for g in &groups {
+        let ws = g
+            .iter()
+            .map(|p| src.matrix_f32(&format!("{p}.weight")))
+            .collect::<Result<Vec<_>>>()?;
+        for (p, (_, _, k)) in g.iter().zip(&ws) {
+            if !k.is_multiple_of(BLOCK_SIZE) {
+                bail!("`{p}` has in_features {k}, not a multiple of {BLOCK_SIZE}: NVFP4 cannot quantize it");
+            }
+        }
+        let qs = quantize_group(&ws).with_context(|| format!("quantizing {}", g.join(", ")))?;
+        for (p, q) in g.iter().zip(&qs) {
+            out.extend(nvfp4_tensors(p, q));
+            done += 1;
+            summary.quantized += 1;
+            on_progress(Progress {
+                done,
+                total,
+                name: p,
+            });
+        }
+    }
+    for n in &names {
+        if quantized.contains(n) {
+            continue;
+        }
+        // Kept in its stored dtype (a GGUF source is BF16 throughout).
+        out.push((n.clone(), src.raw(n)?));
+        done += 1;
+        summary.kept += 1;
+        on_progress(Progress {
+            done,
+            total,
+            name: n,
+        });
+    }
+    let st = output.join("model.safetensors");
+    write_safetensors(&out, &st)?;
+    summary.bytes = std::fs::metadata(&st).map(|m| m.len()).unwrap_or(0);
+
+    if let Json::Object(o) = &mut config {
+        o.remove("quantization_config");
+        if format == OutputFormat::Nvfp4 {
+            o.insert(
+                "quantization_config".into(),
+                quantization_config_block(&exclude),
+            );
+        }
+    }
+    write_json(&output.join("config.json"), &config)?;
+    if format == OutputFormat::Nvfp4 {
+        write_json(
+            &output.join("hf_quant_config.json"),
+            &hf_quant_config(&exclude),
+        )?;
+    }
+    match &src {
+        Source::Hf { dir, .. } => {
+            for f in TOKENIZER_FILES {
+                let p = dir.join(f);
+                if p.is_file() {
+                    std::fs::copy(&p, output.join(f))
+                        .with_context(|| format!("cannot copy {}", p.display()))?;
+                }
+            }
+        }
+        Source::Gguf(g) => {
+            write_json(&output.join("tokenizer.json"), &g.tokenizer_json()?)?;
+            write_json(
+                &output.join("tokenizer_config.json"),
+                &g.tokenizer_config_json()?,
+            )?;
+            write_json(
+                &output.join("generation_config.json"),
+                &g.generation_config_json()?,
+            )?;
+        }
+    }
+    Ok(summary)
+}

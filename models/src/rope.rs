@@ -1,0 +1,79 @@
+//! Rotary position embeddings (the "rotate half" form of transformers' Llama), with
+//! linear and Llama 3.1 (`llama3`) frequency scaling.
+
+use crate::config::{LlamaConfig, RopeScaling};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// The inverse frequencies `1 / theta^(2i/d)`, `i < d/2`, computed in FP32 as
+/// transformers does, then scaled.
+pub fn inv_freq(cfg: &LlamaConfig) -> Vec<f32> {
+    let d = cfg.head_dim;
+    let base = cfg.rope_theta as f32;
+    let mut f: Vec<f32> = (0..d)
+        .step_by(2)
+        .map(|i| 1.0 / base.powf(i as f32 / d as f32))
+        .collect();
+    match cfg.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => f.iter_mut().for_each(|x| *x /= factor as f32),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = original_max_position_embeddings as f64;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            for x in f.iter_mut() {
+                let inv = *x as f64;
+                let wavelen = 2.0 * std::f64::consts::PI / inv;
+                *x = if wavelen < high_wavelen {
+                    inv
+                } else if wavelen > low_wavelen {
+                    inv / factor
+                } else {
+                    let smooth =
+                        (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * inv / factor + smooth * inv
+                } as f32;
+            }
+        }
+    }
+    f
+}
+
+/// `cos` and `sin` tables `[max_len, head_dim / 2]` in `dtype`: angle `pos · inv_freq`
+/// computed in FP32 (transformers' order).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(cfg: &LlamaConfig, max_len: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let f = inv_freq(cfg);
+        let h = f.len();
+        let mut cos = Vec::with_capacity(max_len * h);
+        let mut sin = Vec::with_capacity(max_len * h);
+        for p in 0..max_len {
+            for &w in &f {
+                let a = p as f32 * w;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let cos = Tensor::from_vec(cos, (max_len, h), device)?.to_dtype(dtype)?;
+        let sin = Tensor::from_vec(sin, (max_len, h), device)?.to_dtype(dtype)?;
+        Ok(Self { cos, sin })
+    }
+
+    /// Rotates `x` `[1, heads, t, head_dim]` (contiguous) for positions `pos..pos + t`.
+    pub fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
+        let t = x.dim(2)?;
+        let cos = self.cos.narrow(0, pos, t)?;
+        let sin = self.sin.narrow(0, pos, t)?;
+        candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
+    }
+}

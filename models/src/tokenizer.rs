@@ -1,0 +1,223 @@
+//! The tokenizer of a model folder (`tokenizer.json`), its end-of-generation ids and its
+//! chat template, rendered in Rust for the template families we recognize (ChatML,
+//! Llama 3, Llama 2) — no Jinja engine.
+
+use crate::config::{ids_of, LlamaConfig};
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::path::Path;
+use std::str::FromStr;
+use tokenizers::Tokenizer;
+
+/// A recognized chat template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatTemplate {
+    /// `<|im_start|>role\n…<|im_end|>\n` (SmolLM2, Qwen, …), with the system prompt the
+    /// template inserts when none is given.
+    ChatMl { default_system: Option<String> },
+    /// `<|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>`.
+    Llama3,
+    /// `[INST] <<SYS>>…<</SYS>> … [/INST]`.
+    Llama2,
+}
+
+impl ChatTemplate {
+    /// Recognizes the family of a Jinja chat template.
+    pub fn detect(template: &str) -> Option<Self> {
+        if template.contains("<|im_start|>") {
+            Some(Self::ChatMl {
+                default_system: chatml_default_system(template),
+            })
+        } else if template.contains("<|start_header_id|>") {
+            Some(Self::Llama3)
+        } else if template.contains("[INST]") {
+            Some(Self::Llama2)
+        } else {
+            None
+        }
+    }
+}
+
+/// The literal system message a ChatML template inserts when the conversation has none
+/// (`'<|im_start|>system\nYou are …<|im_end|>\n'`), if it has one.
+fn chatml_default_system(t: &str) -> Option<String> {
+    const HEAD: &str = "<|im_start|>system";
+    let mut rest = t;
+    while let Some(i) = rest.find(HEAD) {
+        rest = &rest[i + HEAD.len()..];
+        let body = rest.strip_prefix('\n').or_else(|| rest.strip_prefix("\\n"));
+        if let Some(body) = body {
+            if let Some(end) = body.find("<|im_end|>") {
+                let msg = &body[..end];
+                let literal = !msg.is_empty() && !msg.contains(['{', '}', '\'', '"', '+', '\n']);
+                if literal {
+                    return Some(msg.to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A model's tokenizer with what generation needs.
+pub struct TextTokenizer {
+    tokenizer: Tokenizer,
+    /// Ids that end generation.
+    pub eos_ids: Vec<u32>,
+    /// The chat template family, if the model has a template we recognize.
+    pub template: Option<ChatTemplate>,
+    /// The raw template text had one we do not recognize.
+    pub unknown_template: bool,
+    bos_text: Option<String>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("eos_ids", &self.eos_ids)
+            .field("template", &self.template)
+            .finish()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| {
+        format!("{}: invalid JSON", path.display())
+    })?))
+}
+
+/// A special token's text from `tokenizer_config.json` (a string or `{"content": …}`).
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+impl TextTokenizer {
+    /// Reads `dir/tokenizer.json` (required), `tokenizer_config.json`,
+    /// `chat_template.jinja` and `generation_config.json` (optional).
+    pub fn from_dir(dir: impl AsRef<Path>, cfg: &LlamaConfig) -> Result<Self> {
+        let dir = dir.as_ref();
+        let tpath = dir.join("tokenizer.json");
+        if !tpath.is_file() {
+            bail!("{}: no tokenizer.json in the model folder", dir.display());
+        }
+        let text = std::fs::read_to_string(&tpath)
+            .with_context(|| format!("cannot read {}", tpath.display()))?;
+        let tokenizer =
+            Tokenizer::from_str(&text).map_err(|e| anyhow!("{}: {e}", tpath.display()))?;
+        let tc = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+        let mut template_text: Option<String> = match tc.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .or(a.first())
+                .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+            _ => None,
+        };
+        let jinja = dir.join("chat_template.jinja");
+        if template_text.is_none() && jinja.is_file() {
+            template_text = Some(std::fs::read_to_string(&jinja)?);
+        }
+        let template = template_text.as_deref().and_then(ChatTemplate::detect);
+        let unknown_template = template_text.is_some() && template.is_none();
+
+        let mut eos_ids = cfg.eos_token_ids.clone();
+        if let Some(Value::Object(g)) = read_json(&dir.join("generation_config.json"))? {
+            eos_ids.extend(ids_of(&g, "eos_token_id", "generation_config.json")?);
+        }
+        let mut add_text = |t: Option<String>| {
+            if let Some(id) = t.and_then(|t| tokenizer.token_to_id(&t)) {
+                eos_ids.push(id);
+            }
+        };
+        add_text(token_text(tc.get("eos_token")));
+        match template {
+            Some(ChatTemplate::ChatMl { .. }) => add_text(Some("<|im_end|>".into())),
+            Some(ChatTemplate::Llama3) => add_text(Some("<|eot_id|>".into())),
+            _ => {}
+        }
+        let mut seen = std::collections::HashSet::new();
+        eos_ids.retain(|x| seen.insert(*x));
+        let bos_text = token_text(tc.get("bos_token"))
+            .or_else(|| cfg.bos_token_id.and_then(|b| tokenizer.id_to_token(b)));
+        Ok(Self {
+            tokenizer,
+            eos_ids,
+            template,
+            unknown_template,
+            bos_text,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Encodes text; `add_special` lets `tokenizer.json`'s post-processor add BOS etc.
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        Ok(self
+            .tokenizer
+            .encode(text, add_special)
+            .map_err(|e| anyhow!("tokenizer: {e}"))?
+            .get_ids()
+            .to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| anyhow!("tokenizer: {e}"))
+    }
+
+    /// The prompt as the chat template renders one user turn (plus a system turn when
+    /// given, or the template's default), ending where the assistant's answer starts.
+    /// `None` when the model has no recognized template.
+    pub fn render_chat(&self, user: &str, system: Option<&str>) -> Option<String> {
+        let bos = self.bos_text.clone().unwrap_or_default();
+        Some(match self.template.as_ref()? {
+            ChatTemplate::ChatMl { default_system } => {
+                let mut s = String::new();
+                if let Some(sys) = system.or(default_system.as_deref()) {
+                    s += &format!("<|im_start|>system\n{sys}<|im_end|>\n");
+                }
+                s + &format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+            }
+            ChatTemplate::Llama3 => {
+                let mut s = bos;
+                if let Some(sys) = system {
+                    s += &format!("<|start_header_id|>system<|end_header_id|>\n\n{sys}<|eot_id|>");
+                }
+                s + &format!(
+                    "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+                )
+            }
+            ChatTemplate::Llama2 => match system {
+                Some(sys) => format!("{bos}[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]"),
+                None => format!("{bos}[INST] {user} [/INST]"),
+            },
+        })
+    }
+
+    /// Token ids of a prompt: through the chat template unless `raw` (or the model has
+    /// none we recognize), else as plain text.
+    pub fn prompt_ids(&self, prompt: &str, raw: bool, system: Option<&str>) -> Result<Vec<u32>> {
+        match (raw, self.render_chat(prompt, system)) {
+            (false, Some(text)) => self.encode(&text, false),
+            _ => self.encode(prompt, true),
+        }
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_ids.contains(&id)
+    }
+}
