@@ -187,7 +187,7 @@ fn main() -> R<()> {
             rows.push(row);
         }
     }
-    // Variant sweep: cluster split and x staging, NVFP4, a few shapes.
+    // Variant sweep: cluster split, NVFP4, a few shapes.
     let mut sweep = Vec::new();
     for &(n, k, silu) in &[(4096usize, 4096usize, false), (28672, 4096, true), (128256, 4096, false)] {
         let (np, sp) = swizzled_shape(n, k / 16);
@@ -198,13 +198,11 @@ fn main() -> R<()> {
         for m in [1usize, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
             for split in [1usize, 2, 4, 8] {
-                for xs in [false, true] {
-                    let o = GemvOptions { silu_mul: silu, pdl: true, split: Some(split), x_in_smem: Some(xs), ..Default::default() };
-                    let f = |i: usize| nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ());
-                    match gpu_time(&dev, (sets * 4).max(32), 9, f) {
-                        Ok(ms) => sweep.push(format!("{n}x{k} m={m} split={split} xs={xs}: {:.2} us ({:.0} GB/s)", ms * 1e3, fp4_bytes as f64 / (ms * 1e-3) / 1e9)),
-                        Err(e) => sweep.push(format!("{n}x{k} m={m} split={split} xs={xs}: {e}")),
-                    }
+                let o = GemvOptions { silu_mul: silu, pdl: true, split: Some(split), ..Default::default() };
+                let f = |i: usize| nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ());
+                match gpu_time(&dev, (sets * 4).max(32), 9, f) {
+                    Ok(ms) => sweep.push(format!("{n}x{k} m={m} split={split}: {:.2} us ({:.0} GB/s)", ms * 1e3, fp4_bytes as f64 / (ms * 1e-3) / 1e9)),
+                    Err(e) => sweep.push(format!("{n}x{k} m={m} split={split}: {e}")),
                 }
             }
         }

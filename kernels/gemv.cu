@@ -73,41 +73,13 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Raw weight bytes of one chunk for rows g and g+8 (this thread's 32 k of each), and
-// the matching x of the thread's tokens (g, g+8, ...), prefetched together.
-template <int NT, bool FP4, bool XS = false>
+// Raw weight bytes of one chunk for rows g and g+8 (this thread's 32 k of each).
+template <bool FP4>
 struct Stage {
     // FP4: 16 bytes (32 codes) per row; BF16: 64 bytes per row.
     uint4 w[2][FP4 ? 1 : 4];
     uint32_t sc[2];  // FP4: two scale bytes per row (blocks 2t, 2t+1 of the chunk)
-    // BF16: x prefetched with the weights (8 bf16 per word, natural order). NVFP4 reads
-    // x at compute time instead (L1 hits), keeping registers for deeper weight prefetch.
-    uint4 x[(XS || FP4) ? 1 : NT][4];
 };
-
-// x staged in shared memory (XS variants): the CTA's chunks only, local chunk li of
-// rank r is global chunk r*WARPS + li%WARPS + (li/WARPS)*NW; 16 pieces of 8 bf16 per
-// chunk and token, stored in the weights' pair order, at a swizzled piece index so the
-// 8 threads of a 16-byte shared-memory phase hit 8 different bank groups.
-__device__ __forceinline__ int xs_piece(int piece, int tok) { return piece ^ (piece >> 3) ^ ((tok & 1) << 1); }
-
-// x of one chunk for this thread's tokens; zeros for tokens >= m and outside the tail.
-template <int NT, bool FP4, bool XS>
-__device__ __forceinline__ void load_x(const GemvParams& p, int chunk, bool tail, int g, int t, Stage<NT, FP4, XS>& st) {
-    if (XS || FP4) return;
-    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
-    const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int tok = j * 8 + g;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            st.x[j][w] = make_uint4(0, 0, 0, 0);
-            if (tok < p.m && (!tail || w < 2))
-                st.x[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
-        }
-    }
-}
 
 template <bool FP4, bool SILU>
 struct Rows {
@@ -128,9 +100,9 @@ struct Rows {
     }
 };
 
-template <int NT, bool FP4, bool SILU, bool XS>
-__device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, SILU>& rows, int chunk,
-                                           bool tail, int t, Stage<NT, FP4, XS>& st) {
+template <bool FP4, bool SILU>
+__device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, SILU>& rows, int chunk, bool tail,
+                                           int t, Stage<FP4>& st) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (FP4) {
@@ -162,34 +134,45 @@ __device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, 
     }
 }
 
-// Multiplies one stage into the accumulators. Word w (8 k values) of a row gives 4 A
-// registers (pairs), feeding two MMAs; x is loaded for the same k in the same pairing.
 // Accumulator sets: NT tiles x SETS chains, so 4 independent MMA chains per thread.
 template <int NT>
 struct Acc {
     static constexpr int SETS = 4 / NT;
     float v[SETS][NT][4];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int q = 0; q < SETS; ++q)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) v[q][j][0] = v[q][j][1] = v[q][j][2] = v[q][j][3] = 0.f;
+    }
+    __device__ __forceinline__ float4 sum(int j) const {
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < SETS; ++q) {
+            s.x += v[q][j][0]; s.y += v[q][j][1]; s.z += v[q][j][2]; s.w += v[q][j][3];
+        }
+        return s;
+    }
 };
 
-template <int NT, bool FP4, bool SILU, bool XS>
-__device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, const Stage<NT, FP4, XS>& st,
-                                              Acc<NT>& acc, int set0, const uint4* xs, int li, int nlocal, int m, int g,
-                                              int t) {
+// Multiplies one stage into the accumulators. Word w (8 k values) of a row gives 4 A
+// registers (pairs), feeding two MMAs; x is read (L1-resident after the first CTA on
+// the SM) for the same k in the same pairing, all loads of the chunk issued first.
+template <int NT, bool FP4>
+__device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, const Stage<FP4>& st,
+                                              Acc<NT>& acc, int set0, int g, int t) {
     const int nwords = tail ? 2 : 4;
-    // NVFP4 without XS: this chunk's x, all loads issued before the first use.
-    uint4 xl[(FP4 && !XS) ? NT : 1][4];
-    if (FP4 && !XS) {
-        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
-        const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
+    uint4 xl[NT][4];
+    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+    const int kbase = chunk * CHUNK + (tail ? t * 16 : t * 32);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int tok = j * 8 + g;
+    for (int j = 0; j < NT; ++j) {
+        const int tok = j * 8 + g;
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                xl[j][w] = make_uint4(0, 0, 0, 0);
-                if (tok < m && (!tail || w < 2))
-                    xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
-            }
+        for (int w = 0; w < 4; ++w) {
+            xl[j][w] = make_uint4(0, 0, 0, 0);
+            if (tok < p.m && (!tail || w < 2))
+                xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
         }
     }
     uint32_t sc[2][2];
@@ -217,20 +200,12 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             uint32_t b[4];
-            if (XS) {
-                const int tok = j * 8 + g;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (tok < m) v = xs[(tok * nlocal + li) * 16 + xs_piece(tail ? 2 * t + w : 4 * t + w, tok)];
-                b[0] = v.x; b[1] = v.y; b[2] = v.z; b[3] = v.w;
+            const uint32_t nat[4] = {xl[j][w].x, xl[j][w].y, xl[j][w].z, xl[j][w].w};
+            if (FP4) {
+                pair_like_weights(nat, b);
             } else {
-                const uint4 v = FP4 ? xl[FP4 ? j : 0][w] : st.x[FP4 ? 0 : j][w];
-                const uint32_t nat[4] = {v.x, v.y, v.z, v.w};
-                if (FP4) {
-                    pair_like_weights(nat, b);
-                } else {
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) b[q] = nat[q];
-                }
+                for (int q = 0; q < 4; ++q) b[q] = nat[q];
             }
             const uint32_t a0[4] = {a[0][0], a[1][0], a[0][1], a[1][1]};
             const uint32_t a1[4] = {a[0][2], a[1][2], a[0][3], a[1][3]};
@@ -241,142 +216,16 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
     }
 }
 
-template <int NT, int SPLIT, bool SILU, bool FP4, bool XS>
-__device__ __forceinline__ void gemv_body(const GemvParams& p) {
-    // Chunks in flight per warp (weights, and x unless it is in shared memory).
-    constexpr int U = FP4 ? (NT == 4 ? 3 : 6) : (XS ? 3 : (NT == 4 ? 1 : 2));
-    __shared__ float4 red[WARPS][NT][32];
-    extern __shared__ uint4 xs_smem[];
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x / SPLIT;
-    const int rank = SPLIT > 1 ? int(blockIdx.x % SPLIT) : 0;
-    const Rows<FP4, SILU> rows(p, tile, g);
-
-    const int nfull = p.k / CHUNK;
-    const bool has_tail = (p.k % CHUNK) != 0;
-    const int nchunks = nfull + (has_tail ? 1 : 0);
-    constexpr int NW = SPLIT * WARPS;
-    const int worker = rank * WARPS + warp;
-
-    Acc<NT> acc;
-#pragma unroll
-    for (int q = 0; q < Acc<NT>::SETS; ++q)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc.v[q][j][0] = acc.v[q][j][1] = acc.v[q][j][2] = acc.v[q][j][3] = 0.f;
-
-    // Let the next kernel (launched with PDL) start its own weight prefetch as soon as
-    // SMs have room; it still waits (griddepcontrol.wait) for this grid's results.
-    griddep_launch_dependents();
-
-    const int nlocal = ((nchunks + NW - 1) / NW) * WARPS;  // this CTA's chunk slots (XS)
-
-    Stage<NT, FP4, XS> st[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int c = worker + u * NW;
-        if (c < nchunks) load_stage<NT, FP4, SILU, XS>(p, rows, c, c == nfull, t, st[u]);
-    }
-    griddep_wait();  // x is written by the previous kernel
-    if (XS) {
-        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
-        const int per_tok = nlocal * 16;
-        for (int idx = threadIdx.x; idx < p.m * per_tok; idx += THREADS) {
-            const int tok = idx / per_tok, rem = idx % per_tok;
-            const int li = rem / 16, piece = rem % 16;
-            const int c = rank * WARPS + li % WARPS + (li / WARPS) * NW;
-            const int kpos = c * CHUNK + piece * 8;
-            uint32_t v[4] = {0, 0, 0, 0};
-            if (c < nchunks && kpos < p.k) {
-                const uint4 q = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kpos));
-                const uint32_t nat[4] = {q.x, q.y, q.z, q.w};
-                if (FP4) {
-                    pair_like_weights(nat, v);
-                } else {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) v[r] = nat[r];
-                }
-            }
-            xs_smem[(tok * nlocal + li) * 16 + xs_piece(piece, tok)] = make_uint4(v[0], v[1], v[2], v[3]);
-        }
-        __syncthreads();
-    } else {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = worker + u * NW;
-            if (c < nchunks) load_x<NT, FP4, XS>(p, c, c == nfull, g, t, st[u]);
-        }
-    }
-
-    for (int c0 = worker, i0 = 0; c0 < nchunks; c0 += U * NW, i0 += U) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * NW;
-            if (c < nchunks) {
-                const int li = (i0 + u) * WARPS + warp;
-                compute_stage<NT, FP4, SILU, XS>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, xs_smem, li, nlocal,
-                                                 p.m, g, t);
-                const int cn = c + U * NW;
-                if (cn < nchunks) {
-                    load_stage<NT, FP4, SILU, XS>(p, rows, cn, cn == nfull, t, st[u]);
-                    load_x<NT, FP4, XS>(p, cn, cn == nfull, g, t, st[u]);
-                }
-            }
-        }
-    }
-
-    // Reduce the chains, then the warps' partial tiles.
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int q = 0; q < Acc<NT>::SETS; ++q) {
-            s.x += acc.v[q][j][0]; s.y += acc.v[q][j][1]; s.z += acc.v[q][j][2]; s.w += acc.v[q][j][3];
-        }
-        red[warp][j][lane] = s;
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            float4 s = red[0][j][lane];
-#pragma unroll
-            for (int w = 1; w < WARPS; ++w) {
-                const float4 v = red[w][j][lane];
-                s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-            }
-            red[0][j][lane] = s;
-        }
-    }
-#if CFP4_SM90
-    if constexpr (SPLIT > 1) {
-        namespace cg = cooperative_groups;
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();  // every rank's red[0] is final
-        if (rank == 0 && warp == 0) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                float4 s = red[0][j][lane];
-#pragma unroll
-                for (int r = 1; r < SPLIT; ++r) {
-                    const float4* remote = cluster.map_shared_rank(&red[0][j][lane], r);
-                    const float4 v = *remote;
-                    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-                }
-                red[0][j][lane] = s;
-            }
-        }
-        cluster.sync();  // keep the other ranks' shared memory alive until read
-    }
-#endif
-    if (rank != 0 || warp != 0) return;
-
+// Rounds (and with SILU combines) one finished tile; red0[j][lane] holds the CTA's sums
+// in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+template <int NT, bool SILU, bool FP4>
+__device__ __forceinline__ void epilogue(const GemvParams& p, const Rows<FP4, SILU>& rows, const float4 (*red0)[32],
+                                         int lane, int t) {
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-        const float4 s = red[0][j][lane];
-        const float v[4] = {s.x, s.y, s.z, s.w};  // (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+        const float4 s = red0[j][lane];
+        const float v[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int tok = j * 8 + 2 * t + e;
@@ -397,20 +246,167 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     }
 }
 
+// Chunks in flight per warp.
+template <int NT, bool FP4>
+__host__ __device__ constexpr int stages() { return FP4 ? (NT == 4 ? 3 : 6) : (NT == 4 ? 2 : 3); }
+
+// SPLIT == 1: persistent CTAs (grid = min(tiles, resident CTAs)); CTA b owns tiles b,
+// b + grid, ... Each warp walks a flat list of (tile, chunk) items, `per` per tile
+// (chunks w, w + WARPS, ...; items past the last chunk are empty), keeping U items in
+// flight across tile boundaries so the pipeline never drains between tiles. At the end
+// of a tile the warps meet in shared memory (double-buffered) and warp 0 writes it.
+template <int NT, bool SILU, bool FP4>
+__device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
+    constexpr int U = stages<NT, FP4>();
+    __shared__ float4 red[2][WARPS][NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int nfull = p.k / CHUNK;
+    const int nchunks = nfull + ((p.k % CHUNK) != 0 ? 1 : 0);
+    const int per = (nchunks + WARPS - 1) / WARPS;
+    const int my_tiles = int(blockIdx.x) < p.n_tiles ? (p.n_tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+    const int items = my_tiles * per;
+    auto tile_of = [&](int i) { return int(blockIdx.x) + (i / per) * int(gridDim.x); };
+    auto chunk_of = [&](int i) { return warp + (i % per) * WARPS; };
+
+    griddep_launch_dependents();
+    Stage<FP4> st[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = chunk_of(u);
+        if (u < items && c < nchunks) load_stage<FP4, SILU>(p, Rows<FP4, SILU>(p, tile_of(u), g), c, c == nfull, t, st[u]);
+    }
+    griddep_wait();  // x is written by the previous kernel
+
+    Acc<NT> acc;
+    acc.zero();
+    for (int i0 = 0; i0 < items; i0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u;
+            if (i >= items) break;
+            const int c = chunk_of(i);
+            if (c < nchunks) compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
+            const int in = i + U, cn = chunk_of(in);
+            if (in < items && cn < nchunks)
+                load_stage<FP4, SILU>(p, Rows<FP4, SILU>(p, tile_of(in), g), cn, cn == nfull, t, st[u]);
+            if (i % per == per - 1) {  // this warp's share of the tile is done
+                const int buf = (i / per) & 1;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) red[buf][warp][j][lane] = acc.sum(j);
+                acc.zero();
+                __syncthreads();
+                if (warp == 0) {
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        float4 s = red[buf][0][j][lane];
+#pragma unroll
+                        for (int w = 1; w < WARPS; ++w) {
+                            const float4 v = red[buf][w][j][lane];
+                            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+                        }
+                        red[buf][0][j][lane] = s;
+                    }
+                    __syncwarp();
+                    epilogue<NT, SILU, FP4>(p, Rows<FP4, SILU>(p, tile_of(i), g), red[buf][0], lane, t);
+                }
+            }
+        }
+    }
+}
+
+// SPLIT > 1 (few row tiles): one tile per CTA, the SPLIT CTAs of a cluster split K and
+// reduce through distributed shared memory into rank 0.
+template <int NT, int SPLIT, bool SILU, bool FP4>
+__device__ __forceinline__ void gemv_split(const GemvParams& p) {
+    constexpr int U = stages<NT, FP4>();
+    __shared__ float4 red[WARPS][NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x / SPLIT;
+    const int rank = int(blockIdx.x % SPLIT);
+    const Rows<FP4, SILU> rows(p, tile, g);
+    const int nfull = p.k / CHUNK;
+    const int nchunks = nfull + ((p.k % CHUNK) != 0 ? 1 : 0);
+    constexpr int NW = SPLIT * WARPS;
+    const int worker = rank * WARPS + warp;
+
+    griddep_launch_dependents();
+    Stage<FP4> st[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = worker + u * NW;
+        if (c < nchunks) load_stage<FP4, SILU>(p, rows, c, c == nfull, t, st[u]);
+    }
+    griddep_wait();
+
+    Acc<NT> acc;
+    acc.zero();
+    for (int c0 = worker; c0 < nchunks; c0 += U * NW) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u * NW;
+            if (c < nchunks) {
+                compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
+                const int cn = c + U * NW;
+                if (cn < nchunks) load_stage<FP4, SILU>(p, rows, cn, cn == nfull, t, st[u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) red[warp][j][lane] = acc.sum(j);
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 s = red[0][j][lane];
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) {
+                const float4 v = red[w][j][lane];
+                s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+            }
+            red[0][j][lane] = s;
+        }
+    }
+#if CFP4_SM90
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's red[0] is final
+    if (rank == 0 && warp == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 s = red[0][j][lane];
+#pragma unroll
+            for (int r = 1; r < SPLIT; ++r) {
+                const float4 v = *cluster.map_shared_rank(&red[0][j][lane], r);
+                s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+            }
+            red[0][j][lane] = s;
+        }
+    }
+    cluster.sync();  // keep the other ranks' shared memory alive until read
+#endif
+    if (rank == 0 && warp == 0) epilogue<NT, SILU, FP4>(p, rows, red[0], lane, t);
+}
+
+template <int NT, int SPLIT, bool SILU, bool FP4>
+__device__ __forceinline__ void gemv_body(const GemvParams& p) {
+    if constexpr (SPLIT == 1) {
+        gemv_persistent<NT, SILU, FP4>(p);
+    } else {
+        gemv_split<NT, SPLIT, SILU, FP4>(p);
+    }
+}
+
 }  // namespace
 
 // Register caps chosen so the pipelines do not spill (ptxas -v): 4 CTAs (16 warps) per
 // SM for the light variants, 3 or 2 for the heavier ones.
 constexpr int min_blocks(int nt, bool fp4) { return fp4 ? (nt <= 2 ? 4 : 2) : (nt <= 2 ? 3 : 2); }
 
-// Each variant also exists as NAME_xs: x staged once per CTA in dynamic shared memory
-// (NT <= 2; the host picks it when m * local chunks * 256 B fits).
-#define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                     \
+#define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                                 \
     extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME(const __grid_constant__ GemvParams p) { \
-        gemv_body<NT, SPLIT, SILU, FP4, false>(p);                                                   \
-    }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME##_xs(const __grid_constant__ GemvParams p) { \
-        if constexpr (NT <= 2) gemv_body<NT, SPLIT, SILU, FP4, true>(p);                             \
+        gemv_body<NT, SPLIT, SILU, FP4>(p);                                                                      \
     }
 
 #define CFP4_GEMV_SPLITS(NT, SILU, FP4, TAG)                                \

@@ -1,7 +1,7 @@
 //! Launches of `kernels/gemv.cu`: thin wrappers that check preconditions, then launch.
 
 use super::images::{Image, KernelFile};
-use super::launch::{launch, module, Launch};
+use super::launch::{launch, module, Launch, GEMV_BLOCK};
 use crate::gemv::{Bf16Gemv, GemvOptions, Nvfp4Gemv};
 use crate::kernel_params::{DequantParams, GemvParams};
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
@@ -13,10 +13,7 @@ use half::bf16;
 unsafe impl DeviceRepr for GemvParams {}
 unsafe impl DeviceRepr for DequantParams {}
 
-const THREADS: u32 = 128;
-const WARPS: usize = 4;
-/// Largest x staging buffer (dynamic shared memory) the XS variants get.
-const XS_MAX: usize = 64 * 1024;
+const THREADS: u32 = GEMV_BLOCK;
 
 fn contiguous_range(op: &str, what: &str, l: &Layout) -> Result<(usize, usize)> {
     match l.contiguous_offsets() {
@@ -25,10 +22,12 @@ fn contiguous_range(op: &str, what: &str, l: &Layout) -> Result<(usize, usize)> 
     }
 }
 
-/// Heuristic cluster split: more CTAs until about two per SM, keeping ≥ 2 K chunks per warp.
+/// Cluster split: the persistent split-1 kernel wins whenever there are enough row tiles
+/// to go around (bench sweep, docs/benchmarks.md); only layers with fewer tiles than
+/// half the SMs split K across a cluster, while each warp keeps ≥ 1 chunk.
 fn auto_split(tiles: usize, nchunks: usize, sms: usize) -> usize {
     let mut s = 1;
-    while s < 8 && tiles * s < 2 * sms && nchunks >= 2 * WARPS * 2 * s {
+    while s < 8 && tiles * s * 2 <= sms && nchunks >= 4 * 2 * s {
         s *= 2;
     }
     s
@@ -75,19 +74,9 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         (false, false) => "bf16",
         (false, true) => "bf16silu",
     };
-    // x in shared memory: this CTA's chunk slots for every token, 256 B per chunk.
-    let nlocal = nchunks.div_ceil(WARPS * split) * WARPS;
-    let xs_bytes = m * nlocal * 256;
-    let xs = match opts.x_in_smem {
-        Some(true) if nt > 2 || xs_bytes > XS_MAX => {
-            bail!("{op}: x does not fit in shared memory for nt = {nt}, M = {m}, K = {k}, split = {split}")
-        }
-        Some(v) => v,
-        // Measured on the H200 (docs/benchmarks.md): the register path is faster.
-        None => false,
-    };
-    let suffix = if xs { "_xs" } else { "" };
-    let f = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}{suffix}"))?;
+    let (f, occ) = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}"))?;
+    // Split 1 is persistent: as many CTAs as fit at once, each looping over row tiles.
+    let grid = if split == 1 { tiles.min(loaded.sms * occ as usize) } else { tiles * split };
     let mut out = unsafe { dev.alloc::<bf16>(m * n_out)? };
     let (xp, _gx) = xsl.device_ptr(&stream);
     let (op_, _go) = out.device_ptr_mut(&stream);
@@ -106,11 +95,11 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         pad: 0,
     };
     let l = Launch {
-        grid: (tiles * split) as u32,
+        grid: grid as u32,
         block: THREADS,
         cluster: split as u32,
         pdl: opts.pdl && image.has_sm90_features(),
-        smem: if xs { xs_bytes as u32 } else { 0 },
+        smem: 0,
     };
     match w {
         W::Fp4 { codes, lc, scales, ls, .. } => {
@@ -172,7 +161,7 @@ pub(crate) fn dequantize_rows_cuda(w: &CudaStorage, lw: &Layout, s: &CudaStorage
         bail!("{OP}: weight must start 4-byte aligned (offset {a})");
     }
     let image = Image::select(super::compute_capability(&dev)?, crate::gemv::KernelImage::Auto)?;
-    let f = module(&dev, KernelFile::Gemv, image)?.function("cfp4_dequantize_rows")?;
+    let (f, _) = module(&dev, KernelFile::Gemv, image)?.function("cfp4_dequantize_rows")?;
     let cs = w.as_cuda_slice::<u8>()?.slice(a..b);
     let ss = s.as_cuda_slice::<u8>()?.slice(sa..sb);
     let mut out = unsafe { dev.alloc::<bf16>(n * k)? };

@@ -43,11 +43,15 @@ pub(crate) struct Loaded {
     pub image: Image,
     pub sms: usize,
     module: Arc<CudaModule>,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
+    funcs: Mutex<HashMap<String, (CudaFunction, u32)>>,
 }
 
+/// Block size the GEMV kernels are launched with (their occupancy is cached for it).
+pub(crate) const GEMV_BLOCK: u32 = 128;
+
 impl Loaded {
-    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
+    /// The kernel `name`, and how many of its CTAs of [`GEMV_BLOCK`] threads fit on one SM.
+    pub(crate) fn function(&self, name: &str) -> Result<(CudaFunction, u32)> {
         let mut funcs = self.funcs.lock().map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
         if let Some(f) = funcs.get(name) {
             return Ok(f.clone());
@@ -56,8 +60,12 @@ impl Loaded {
             .module
             .load_function(name)
             .map_err(|e| cuda_err(&format!("loading kernel {name} ({:?})", self.image), e))?;
-        funcs.insert(name.to_string(), f.clone());
-        Ok(f)
+        let occ = f
+            .occupancy_max_active_blocks_per_multiprocessor(GEMV_BLOCK, 0, None)
+            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))?
+            .max(1);
+        funcs.insert(name.to_string(), (f.clone(), occ));
+        Ok((f, occ))
     }
 }
 

@@ -114,9 +114,6 @@ pub struct GemvOptions {
     pub split: Option<usize>,
     /// Kernel image.
     pub image: KernelImage,
-    /// Stage x in shared memory once per CTA (NT ≤ 2, when it fits) instead of streaming
-    /// it through registers / L1; `None` = the register path (faster on the H200).
-    pub x_in_smem: Option<bool>,
 }
 
 impl GemvOptions {
