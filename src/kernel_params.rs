@@ -33,6 +33,72 @@ pub(crate) struct DequantParams {
     pub pad: i32,
 }
 
+/// `UqStoreParams` of `kernels/ultraquant.cuh` (UltraQuant store kernel).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UqStoreParams {
+    pub cache: u64,
+    pub k: u64,
+    pub v: u64,
+    pub lens: u64,
+    pub c: f32,
+    pub seq_base: i32,
+    pub n_seq: i32,
+    pub tokens: i32,
+    pub kv_heads: i32,
+    pub capacity: i32,
+    pub head_dim: i32,
+    pub pad: i32,
+}
+
+/// `UqReadParams` of `kernels/ultraquant.cuh` (UltraQuant read-back kernel).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UqReadParams {
+    pub cache: u64,
+    pub out: u64,
+    pub seq: i32,
+    pub start: i32,
+    pub count: i32,
+    pub kv_heads: i32,
+    pub capacity: i32,
+    pub head_dim: i32,
+}
+
+/// `KvAttnParams` of `kernels/ultraquant.cuh` (split-KV decode attention).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvAttnParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub lens: u64,
+    pub out: u64,
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub scale_log2: f32,
+    pub q_heads: i32,
+    pub kv_heads: i32,
+    pub group: i32,
+    pub capacity: i32,
+    pub splits: i32,
+    pub head_dim: i32,
+    pub pad: i32,
+}
+
+/// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvCombineParams {
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub out: u64,
+    pub q_heads: i32,
+    pub splits: i32,
+    pub head_dim: i32,
+    pub pad: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +145,79 @@ mod tests {
             "};                           // size 40",
         ] {
             assert!(cuh.contains(needle), "kernels/gemv.cuh lost `{needle}`");
+        }
+    }
+
+    /// Offsets written in kernels/ultraquant.cuh's comments.
+    #[test]
+    fn ultraquant_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(UqStoreParams, cache), 0);
+        assert_eq!(offset_of!(UqStoreParams, k), 8);
+        assert_eq!(offset_of!(UqStoreParams, v), 16);
+        assert_eq!(offset_of!(UqStoreParams, lens), 24);
+        assert_eq!(offset_of!(UqStoreParams, c), 32);
+        assert_eq!(offset_of!(UqStoreParams, seq_base), 36);
+        assert_eq!(offset_of!(UqStoreParams, n_seq), 40);
+        assert_eq!(offset_of!(UqStoreParams, tokens), 44);
+        assert_eq!(offset_of!(UqStoreParams, kv_heads), 48);
+        assert_eq!(offset_of!(UqStoreParams, capacity), 52);
+        assert_eq!(offset_of!(UqStoreParams, head_dim), 56);
+        assert_eq!(size_of::<UqStoreParams>(), 64);
+
+        assert_eq!(offset_of!(UqReadParams, cache), 0);
+        assert_eq!(offset_of!(UqReadParams, out), 8);
+        assert_eq!(offset_of!(UqReadParams, seq), 16);
+        assert_eq!(offset_of!(UqReadParams, start), 20);
+        assert_eq!(offset_of!(UqReadParams, count), 24);
+        assert_eq!(offset_of!(UqReadParams, kv_heads), 28);
+        assert_eq!(offset_of!(UqReadParams, capacity), 32);
+        assert_eq!(offset_of!(UqReadParams, head_dim), 36);
+        assert_eq!(size_of::<UqReadParams>(), 40);
+
+        assert_eq!(offset_of!(KvAttnParams, q), 0);
+        assert_eq!(offset_of!(KvAttnParams, k), 8);
+        assert_eq!(offset_of!(KvAttnParams, v), 16);
+        assert_eq!(offset_of!(KvAttnParams, lens), 24);
+        assert_eq!(offset_of!(KvAttnParams, out), 32);
+        assert_eq!(offset_of!(KvAttnParams, part_o), 40);
+        assert_eq!(offset_of!(KvAttnParams, part_ml), 48);
+        assert_eq!(offset_of!(KvAttnParams, scale_log2), 56);
+        assert_eq!(offset_of!(KvAttnParams, q_heads), 60);
+        assert_eq!(offset_of!(KvAttnParams, kv_heads), 64);
+        assert_eq!(offset_of!(KvAttnParams, group), 68);
+        assert_eq!(offset_of!(KvAttnParams, capacity), 72);
+        assert_eq!(offset_of!(KvAttnParams, splits), 76);
+        assert_eq!(offset_of!(KvAttnParams, head_dim), 80);
+        assert_eq!(size_of::<KvAttnParams>(), 88);
+
+        assert_eq!(offset_of!(KvCombineParams, part_o), 0);
+        assert_eq!(offset_of!(KvCombineParams, part_ml), 8);
+        assert_eq!(offset_of!(KvCombineParams, out), 16);
+        assert_eq!(offset_of!(KvCombineParams, q_heads), 24);
+        assert_eq!(offset_of!(KvCombineParams, splits), 28);
+        assert_eq!(offset_of!(KvCombineParams, head_dim), 32);
+        assert_eq!(size_of::<KvCombineParams>(), 40);
+    }
+
+    /// kernels/ultraquant.cuh must state the same offsets.
+    #[test]
+    fn ultraquant_cuh_comments_state_the_offsets() {
+        let cuh = include_str!("../kernels/ultraquant.cuh");
+        for needle in [
+            "uint8_t* cache;          // offset  0",
+            "int head_dim;            // offset 56",
+            "};                           // size 64",
+            "int head_dim;            // offset 36",
+            "};                           // size 40",
+            "float scale_log2;        // offset 56",
+            "int head_dim;            // offset 80",
+            "};                           // size 88",
+            "int head_dim;            // offset 32",
+        ] {
+            assert!(
+                cuh.contains(needle),
+                "kernels/ultraquant.cuh lost `{needle}`"
+            );
         }
     }
 }

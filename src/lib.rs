@@ -12,12 +12,15 @@
 //!   (or BF16) layers and dispatches between GEMV and matmul.
 //! * [`ultraquant`]: the UltraQuant FP4 KV-cache format (E2M1 + UE8M0 per 32, K
 //!   Walsh–Hadamard rotated).
+//! * [`kv_cache`]: per-layer KV caches (UltraQuant FP4 or BF16, one enum) with decode
+//!   attention (CPU reference, CUDA split-KV flash decoding).
 
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod checkpoint;
 pub mod gemv;
 mod kernel_params;
+pub mod kv_cache;
 pub mod nvfp4;
 pub mod quant_config;
 pub mod quant_linear;

@@ -29,18 +29,21 @@ macro_rules! images_of {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum KernelFile {
     Gemv,
+    Ultraquant,
 }
 
 impl KernelFile {
     pub(crate) fn name(self) -> &'static str {
         match self {
             KernelFile::Gemv => "gemv",
+            KernelFile::Ultraquant => "ultraquant",
         }
     }
 
     fn all_images(self) -> [&'static [u8]; 5] {
         match self {
             KernelFile::Gemv => images_of!("gemv"),
+            KernelFile::Ultraquant => images_of!("ultraquant"),
         }
     }
 }

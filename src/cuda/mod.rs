@@ -2,7 +2,9 @@
 
 mod gemv;
 mod images;
+mod kv;
 mod launch;
 
 pub(crate) use gemv::{bf16_gemv_cuda, dequantize_rows_cuda, nvfp4_gemv_cuda};
+pub(crate) use kv::{kv_attention_cuda, uq_read_cuda, uq_store_cuda};
 pub(crate) use launch::{arch_tag, compute_capability};

@@ -1,0 +1,70 @@
+// ultraquant.cuh: parameter blocks of the KV-cache kernels in ultraquant.cu.
+//
+// Mirrored field for field by `#[repr(C)]` structs in src/kernel_params.rs, whose layout
+// tests pin every offset below. Change both or neither.
+#pragma once
+#include <stdint.h>
+
+// Store: rotate K, quantize K and V, write one UltraQuant slot per (sequence, token, head).
+// Sequence s = seq_base + i (i < n_seq) writes its `tokens` new tokens at positions
+// lens[s], lens[s] + 1, ... (lens is read before the host updates it).
+struct UqStoreParams {
+    uint8_t* cache;          // offset  0: slots [batch][capacity][kv_heads][slot], 16-byte aligned
+    const void* k;           // offset  8: bf16 [n_seq][tokens][kv_heads][head_dim], contiguous
+    const void* v;           // offset 16: bf16, same shape as k
+    const uint32_t* lens;    // offset 24: [batch] current lengths (write positions)
+    float c;                 // offset 32: scale constant (0.156)
+    int seq_base;            // offset 36: first sequence written
+    int n_seq;               // offset 40: sequences written
+    int tokens;              // offset 44: new tokens per sequence
+    int kv_heads;            // offset 48
+    int capacity;            // offset 52: tokens per sequence in the cache
+    int head_dim;            // offset 56: must equal the kernel's D
+    int _pad;                // offset 60
+};                           // size 64
+
+// Read back: out = bf16 [2][count][kv_heads][head_dim], K (dequantized, un-rotated) then
+// V, for tokens start .. start + count of sequence `seq`.
+struct UqReadParams {
+    const uint8_t* cache;    // offset  0
+    void* out;               // offset  8
+    int seq;                 // offset 16
+    int start;               // offset 20
+    int count;               // offset 24
+    int kv_heads;            // offset 28
+    int capacity;            // offset 32
+    int head_dim;            // offset 36: must equal the kernel's D
+};                           // size 40
+
+// Split-KV decode attention (UltraQuant or BF16 cache). Grid (splits, kv_heads *
+// head_chunks, batch). With splits == 1 the kernel writes `out`; otherwise it writes the
+// partials and cfp4_kv_combine merges them.
+struct KvAttnParams {
+    const void* q;           // offset  0: bf16 [batch][q_heads][head_dim]
+    const void* k;           // offset  8: UltraQuant slots, or BF16 K [batch][capacity][kv_heads][head_dim]
+    const void* v;           // offset 16: BF16 V (same shape as K); null for UltraQuant
+    const uint32_t* lens;    // offset 24: [batch] tokens per sequence (1 ..= capacity)
+    void* out;               // offset 32: bf16 [batch][q_heads][head_dim]
+    float* part_o;           // offset 40: f32 [batch][q_heads][splits][head_dim], unnormalized
+    float* part_ml;          // offset 48: f32 [batch][q_heads][splits][2]: (max, sum), log2 domain
+    float scale_log2;        // offset 56: log2(e) / sqrt(head_dim)
+    int q_heads;             // offset 60
+    int kv_heads;            // offset 64
+    int group;               // offset 68: q_heads / kv_heads
+    int capacity;            // offset 72
+    int splits;              // offset 76
+    int head_dim;            // offset 80: must equal the kernel's D
+    int _pad;                // offset 84
+};                           // size 88
+
+// Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
+// w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).
+struct KvCombineParams {
+    const float* part_o;     // offset  0
+    const float* part_ml;    // offset  8
+    void* out;               // offset 16
+    int q_heads;             // offset 24
+    int splits;              // offset 28
+    int head_dim;            // offset 32
+    int _pad;                // offset 36
+};                           // size 40

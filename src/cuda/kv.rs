@@ -1,0 +1,410 @@
+//! Launches of `kernels/ultraquant.cu`: UltraQuant store and read-back, split-KV decode
+//! attention (UltraQuant or BF16 cache) and the combine of its splits.
+
+use super::images::{Image, KernelFile};
+use super::launch::{cuda_err, module, Loaded};
+use crate::gemv::KernelImage;
+use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
+use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
+use crate::kv_cache::{CacheShape, KvCacheKind, SLOT_PADDING};
+use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    sys, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+};
+use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Shape, Storage};
+use half::bf16;
+use std::sync::Arc;
+
+unsafe impl DeviceRepr for UqStoreParams {}
+unsafe impl DeviceRepr for UqReadParams {}
+unsafe impl DeviceRepr for KvAttnParams {}
+unsafe impl DeviceRepr for KvCombineParams {}
+
+/// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
+const MAX_SPLITS: usize = 1024;
+/// Threads of the store / read kernels (one warp per (token, head)).
+const FORMAT_THREADS: u32 = 256;
+
+fn loaded(dev: &CudaDevice) -> Result<Arc<Loaded>> {
+    let image = Image::select(super::compute_capability(dev)?, KernelImage::Auto)?;
+    module(dev, KernelFile::Ultraquant, image)
+}
+
+fn check_head_dim(op: &str, d: usize) -> Result<()> {
+    if ![64, 128, 256].contains(&d) {
+        bail!("{op}: the CUDA kernels support head_dim 64, 128 and 256, got {d}")
+    }
+    Ok(())
+}
+
+/// `cuLaunchKernelEx` with a 3-d grid, a 1-d block and `smem` bytes of dynamic shared
+/// memory (raising the function's limit when above 48 KiB).
+///
+/// # Safety
+/// `P` must be the kernel's parameter type and its pointers valid until the launch is queued.
+unsafe fn launch_grid<P: DeviceRepr + Copy>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    params: &P,
+) -> Result<()> {
+    if smem > 48 * 1024 {
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
+    }
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: std::ptr::null_mut(),
+        numAttrs: 0,
+    };
+    let mut p = *params;
+    let mut args = [&mut p as *mut P as *mut std::ffi::c_void];
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| cuda_err("binding the CUDA context", e))?;
+    sys::cuLaunchKernelEx(
+        &cfg,
+        f.cu_function(),
+        args.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .result()
+    .map_err(|e| cuda_err("cuLaunchKernelEx", e))
+}
+
+/// Blocks of `FORMAT_THREADS` for one warp per item.
+fn warp_grid(op: &str, items: usize) -> Result<u32> {
+    let blocks = items.div_ceil(FORMAT_THREADS as usize / 32);
+    if blocks > i32::MAX as usize {
+        bail!("{op}: {items} (token, head) slots are too many for one launch")
+    }
+    Ok(blocks as u32)
+}
+
+/// Checks the slot storage range: 16-byte aligned start, slots and padding inside.
+fn check_slots(op: &str, shape: &CacheShape, l: &Layout) -> Result<(usize, usize)> {
+    let (a, b) = range(op, "cache", l)?;
+    let need = shape.elems(op, slot_size(shape.head_dim, None)?)? + SLOT_PADDING;
+    if !a.is_multiple_of(16) || b - a < need {
+        bail!("{op}: the cache must start 16-byte aligned and hold {need} bytes (offset {a}, {} bytes)", b - a)
+    }
+    Ok((a, b))
+}
+
+pub(crate) fn uq_store_cuda(
+    op: &UqStore,
+    cache: &mut CudaStorage,
+    lc: &Layout,
+    k: &CudaStorage,
+    lk: &Layout,
+    v: &CudaStorage,
+    lv: &Layout,
+) -> Result<()> {
+    const OP: &str = "ultraquant store (cuda)";
+    let sh = op.shape;
+    check_head_dim(OP, sh.head_dim)?;
+    let dev = cache.device().clone();
+    let stream = dev.cuda_stream();
+    let (ca, cb) = check_slots(OP, &sh, lc)?;
+    let (ka, kb) = range(OP, "k", lk)?;
+    let (va, vb) = range(OP, "v", lv)?;
+    let n = op.starts.len() * op.tokens * sh.kv_heads * sh.head_dim;
+    if kb - ka != n || vb - va != n {
+        bail!(
+            "{OP}: k/v hold {} / {} values, expected {n}",
+            kb - ka,
+            vb - va
+        )
+    }
+    let (lens_guard, ll) = op.lens_dev.storage_and_layout();
+    let lens = match &*lens_guard {
+        Storage::Cuda(s) => s.as_cuda_slice::<u32>()?,
+        _ => bail!("{OP}: the lengths tensor must be on the GPU"),
+    };
+    let (la, lb) = range(OP, "lens", ll)?;
+    if lb - la != sh.batch {
+        bail!("{OP}: {} lengths for batch {}", lb - la, sh.batch)
+    }
+    let f = loaded(&dev)?
+        .function(&format!("cfp4_uq_store_d{}", sh.head_dim))?
+        .0;
+    let grid = warp_grid(OP, op.starts.len() * op.tokens * sh.kv_heads)?;
+    let ks = k.as_cuda_slice::<bf16>()?.slice(ka..kb);
+    let vs = v.as_cuda_slice::<bf16>()?.slice(va..vb);
+    let lsl = lens.slice(la..lb);
+    let mut cs = cache.as_cuda_slice_mut::<u8>()?.slice_mut(ca..cb);
+    let (cp, _g0) = cs.device_ptr_mut(&stream);
+    let (kp, _g1) = ks.device_ptr(&stream);
+    let (vp, _g2) = vs.device_ptr(&stream);
+    let (lp, _g3) = lsl.device_ptr(&stream);
+    if !cp.is_multiple_of(16) {
+        bail!("{OP}: the cache must be 16-byte aligned in device memory")
+    }
+    let params = UqStoreParams {
+        cache: cp,
+        k: kp,
+        v: vp,
+        lens: lp,
+        c: DEFAULT_CONSTANT_C,
+        seq_base: op.seq_base as i32,
+        n_seq: op.starts.len() as i32,
+        tokens: op.tokens as i32,
+        kv_heads: sh.kv_heads as i32,
+        capacity: sh.capacity as i32,
+        head_dim: sh.head_dim as i32,
+        pad: 0,
+    };
+    unsafe { launch_grid(&stream, &f, (grid, 1, 1), FORMAT_THREADS, 0, &params) }
+}
+
+pub(crate) fn uq_read_cuda(
+    op: &UqRead,
+    cache: &CudaStorage,
+    lc: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    const OP: &str = "ultraquant read (cuda)";
+    let sh = op.shape;
+    check_head_dim(OP, sh.head_dim)?;
+    if op.seq >= sh.batch || op.start + op.count > sh.capacity || op.count == 0 {
+        bail!(
+            "{OP}: sequence {}, tokens {}..{} outside the cache",
+            op.seq,
+            op.start,
+            op.start + op.count
+        )
+    }
+    let dev = cache.device().clone();
+    let stream = dev.cuda_stream();
+    let (ca, cb) = check_slots(OP, &sh, lc)?;
+    let f = loaded(&dev)?
+        .function(&format!("cfp4_uq_read_d{}", sh.head_dim))?
+        .0;
+    let grid = warp_grid(OP, op.count * sh.kv_heads)?;
+    let mut out = unsafe { dev.alloc::<bf16>(2 * op.count * sh.kv_heads * sh.head_dim)? };
+    {
+        let cs = cache.as_cuda_slice::<u8>()?.slice(ca..cb);
+        let (cp, _g0) = cs.device_ptr(&stream);
+        let (outp, _g1) = out.device_ptr_mut(&stream);
+        let params = UqReadParams {
+            cache: cp,
+            out: outp,
+            seq: op.seq as i32,
+            start: op.start as i32,
+            count: op.count as i32,
+            kv_heads: sh.kv_heads as i32,
+            capacity: sh.capacity as i32,
+            head_dim: sh.head_dim as i32,
+        };
+        unsafe { launch_grid(&stream, &f, (grid, 1, 1), FORMAT_THREADS, 0, &params)? };
+    }
+    Ok((CudaStorage::wrap_cuda_slice(out, dev), op.out_shape()))
+}
+
+/// Warps per CTA and dynamic shared memory of one attention kernel: mirrors `Cfg` in
+/// kernels/ultraquant.cu (the kernel traps when it gets less than it needs).
+fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
+    let nw = match (fp4, d) {
+        (true, 256) => 4,
+        (true, _) => 8,
+        (false, 256) => 2,
+        (false, _) => 4,
+    };
+    let nstage = if fp4 { 3 } else { 2 };
+    let slot = d + d / 16;
+    let gcd16 = if slot.is_multiple_of(16) {
+        16
+    } else if slot.is_multiple_of(8) {
+        8
+    } else {
+        4
+    };
+    let srow = if fp4 {
+        (slot + (16 - gcd16)).div_ceil(16) * 16
+    } else {
+        4 * d + 16
+    };
+    let hc = 4 * nt;
+    let stages = nw * nstage * 16 * srow;
+    let red_o = nw * hc * d * 4;
+    let smem = stages.max(red_o) + hc * d * 4 + 2 * nw * hc * 4;
+    (nw, smem)
+}
+
+/// Splits per (sequence, KV head): about two CTAs per SM in one wave, each CTA at least two
+/// 16-token tiles per warp.
+fn auto_splits(max_len: usize, base_ctas: usize, sms: usize, nw: usize) -> usize {
+    let target = (2 * sms).div_ceil(base_ctas.max(1));
+    let by_len = max_len.div_ceil(32 * nw);
+    target.min(by_len).clamp(1, MAX_SPLITS)
+}
+
+pub(crate) fn kv_attention_cuda(
+    op: &KvAttention,
+    q: &CudaStorage,
+    lq: &Layout,
+    kv: &CudaStorage,
+    lkv: &Layout,
+    lens: &CudaStorage,
+    ll: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    const OP: &str = "decode attention (cuda)";
+    let sh = op.shape;
+    let d = sh.head_dim;
+    check_head_dim(OP, d)?;
+    let fp4 = op.kind == KvCacheKind::UltraQuant;
+    let group = op.q_heads / sh.kv_heads;
+    let nt = if group <= 4 || d == 256 { 1 } else { 2 };
+    let chunks = group.div_ceil(4 * nt);
+    if sh.kv_heads * chunks > 65535 || sh.batch > 65535 {
+        bail!(
+            "{OP}: kv_heads · head chunks ({}) and batch ({}) must be at most 65535",
+            sh.kv_heads * chunks,
+            sh.batch
+        )
+    }
+    let dev = q.device().clone();
+    let stream = dev.cuda_stream();
+    let loaded = loaded(&dev)?;
+    let (nw, smem) = attn_config(fp4, d, nt);
+    let optin = stream
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(|e| cuda_err("cuDeviceGetAttribute", e))?;
+    if smem > optin as usize {
+        bail!("{OP}: the head_dim {d} kernel needs {smem} bytes of shared memory, this GPU allows {optin}")
+    }
+    let max_len = op.lens.iter().copied().max().unwrap_or(0);
+    let splits = match op.opts.splits {
+        Some(s) => s.clamp(1, MAX_SPLITS),
+        None => auto_splits(max_len, sh.batch * sh.kv_heads * chunks, loaded.sms, nw),
+    };
+    let tag = if fp4 { "uq" } else { "bf16" };
+    let f = loaded
+        .function(&format!("cfp4_kv_attn_{tag}_d{d}_nt{nt}"))?
+        .0;
+
+    let (qa, qb) = range(OP, "q", lq)?;
+    if qb - qa != sh.batch * op.q_heads * d {
+        bail!(
+            "{OP}: q holds {} values, expected {}",
+            qb - qa,
+            sh.batch * op.q_heads * d
+        )
+    }
+    let (la, lb) = range(OP, "lens", ll)?;
+    if lb - la != sh.batch {
+        bail!("{OP}: {} lengths for batch {}", lb - la, sh.batch)
+    }
+    let n_out = sh.batch * op.q_heads * d;
+    let mut out = unsafe { dev.alloc::<bf16>(n_out)? };
+    let mut part_o = unsafe { dev.alloc::<f32>(if splits > 1 { n_out * splits } else { 1 })? };
+    let mut part_ml = unsafe {
+        dev.alloc::<f32>(if splits > 1 {
+            2 * sh.batch * op.q_heads * splits
+        } else {
+            1
+        })?
+    };
+    let qs = q.as_cuda_slice::<bf16>()?.slice(qa..qb);
+    let lsl = lens.as_cuda_slice::<u32>()?.slice(la..lb);
+    let (qp, _g0) = qs.device_ptr(&stream);
+    let (lp, _g1) = lsl.device_ptr(&stream);
+    let (outp, _g2) = out.device_ptr_mut(&stream);
+    let (pop, _g3) = part_o.device_ptr_mut(&stream);
+    let (pmp, _g4) = part_ml.device_ptr_mut(&stream);
+    let mut params = KvAttnParams {
+        q: qp,
+        k: 0,
+        v: 0,
+        lens: lp,
+        out: outp,
+        part_o: if splits > 1 { pop } else { 0 },
+        part_ml: if splits > 1 { pmp } else { 0 },
+        scale_log2: std::f32::consts::LOG2_E / (d as f32).sqrt(),
+        q_heads: op.q_heads as i32,
+        kv_heads: sh.kv_heads as i32,
+        group: group as i32,
+        capacity: sh.capacity as i32,
+        splits: splits as i32,
+        head_dim: d as i32,
+        pad: 0,
+    };
+    let grid = (
+        splits as u32,
+        (sh.kv_heads * chunks) as u32,
+        sh.batch as u32,
+    );
+    let block = (nw * 32) as u32;
+    if fp4 {
+        let (a, b) = check_slots(OP, &sh, lkv)?;
+        let ks = kv.as_cuda_slice::<u8>()?.slice(a..b);
+        let (kp, _gk) = ks.device_ptr(&stream);
+        if !kp.is_multiple_of(16) {
+            bail!("{OP}: the cache must be 16-byte aligned in device memory")
+        }
+        params.k = kp;
+        unsafe { launch_grid(&stream, &f, grid, block, smem as u32, &params)? };
+    } else {
+        let (a, b) = range(OP, "cache", lkv)?;
+        let half = sh.elems(OP, d)?;
+        if b - a != 2 * half || !a.is_multiple_of(8) {
+            bail!(
+                "{OP}: the BF16 cache must be [2, {}, {}, {}, {d}] starting 16-byte aligned",
+                sh.batch,
+                sh.capacity,
+                sh.kv_heads
+            )
+        }
+        let s = kv.as_cuda_slice::<bf16>()?;
+        let (ks, vs) = (s.slice(a..a + half), s.slice(a + half..b));
+        let (kp, _gk) = ks.device_ptr(&stream);
+        let (vp, _gv) = vs.device_ptr(&stream);
+        if !kp.is_multiple_of(16) || !vp.is_multiple_of(16) {
+            bail!("{OP}: the BF16 cache must be 16-byte aligned in device memory")
+        }
+        params.k = kp;
+        params.v = vp;
+        unsafe { launch_grid(&stream, &f, grid, block, smem as u32, &params)? };
+    }
+    if splits > 1 {
+        let fc = loaded.function("cfp4_kv_combine")?.0;
+        let cp = KvCombineParams {
+            part_o: pop,
+            part_ml: pmp,
+            out: outp,
+            q_heads: op.q_heads as i32,
+            splits: splits as i32,
+            head_dim: d as i32,
+            pad: 0,
+        };
+        unsafe {
+            launch_grid(
+                &stream,
+                &fc,
+                (op.q_heads as u32, sh.batch as u32, 1),
+                128,
+                0,
+                &cp,
+            )?
+        };
+    }
+    drop((_g0, _g1, _g2, _g3, _g4));
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev),
+        Shape::from((sh.batch, op.q_heads, d)),
+    ))
+}

@@ -1,0 +1,188 @@
+//! [`Bf16Cache`]: one layer's BF16 KV cache, the same interface as
+//! [`UltraQuantCache`](super::UltraQuantCache).
+
+use super::ops::KvAttention;
+use super::{
+    check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, Lengths,
+};
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// BF16 KV cache of one layer: K and V in one preallocated BF16 tensor
+/// `[2, batch, capacity, kv_heads, head_dim]`, updated in place with `slice_set`.
+#[derive(Debug, Clone)]
+pub struct Bf16Cache {
+    shape: CacheShape,
+    kv: Tensor,
+    lens: Lengths,
+}
+
+impl Bf16Cache {
+    /// A zeroed cache with all lengths 0 (same shape rules as
+    /// [`UltraQuantCache::new`](super::UltraQuantCache::new)).
+    pub fn new(shape: CacheShape, device: &Device) -> Result<Self> {
+        const WHAT: &str = "Bf16Cache::new";
+        shape.check(WHAT, device)?;
+        shape.elems(WHAT, 2 * shape.head_dim)?;
+        let CacheShape {
+            batch,
+            capacity,
+            kv_heads,
+            head_dim,
+        } = shape;
+        let kv = Tensor::zeros(
+            (2, batch, capacity, kv_heads, head_dim),
+            DType::BF16,
+            device,
+        )?;
+        Ok(Self {
+            shape,
+            kv,
+            lens: Lengths::zeros(batch, device)?,
+        })
+    }
+
+    /// The cache's dimensions.
+    pub fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    /// Cache bytes per token per layer: `2 · kv_heads · head_dim · 2`.
+    pub fn bytes_per_token(&self) -> usize {
+        4 * self.shape.kv_heads * self.shape.head_dim
+    }
+
+    /// The device the cache lives on.
+    pub fn device(&self) -> &Device {
+        self.kv.device()
+    }
+
+    /// Tokens held by each sequence.
+    pub fn lens(&self) -> &[usize] {
+        &self.lens.host
+    }
+
+    /// The lengths as a U32 `[batch]` tensor on the cache's device.
+    pub fn lens_tensor(&self) -> &Tensor {
+        &self.lens.dev
+    }
+
+    /// The storage, BF16 `[2, batch, capacity, kv_heads, head_dim]` (K then V).
+    pub fn storage(&self) -> &Tensor {
+        &self.kv
+    }
+
+    /// Appends BF16 `k`, `v` `[batch, tokens, kv_heads, head_dim]` (or `[tokens, kv_heads,
+    /// head_dim]` for batch 1) at each sequence's length. Errors, writing nothing, on
+    /// overflow or bad inputs.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        const WHAT: &str = "Bf16Cache::append";
+        let tokens = check_new_kv(WHAT, k, v, &self.shape, self.shape.batch, self.device())?;
+        check_room(WHAT, &self.lens.host, 0, tokens, self.shape.capacity)?;
+        let (k, v) = (k.contiguous()?, v.contiguous()?);
+        let per_seq = |t: &Tensor, b: usize| {
+            if t.rank() == 4 {
+                t.get(b)
+            } else {
+                Ok(t.clone())
+            }
+        };
+        let mut lens = self.lens.host.clone();
+        for (b, len) in lens.iter_mut().enumerate() {
+            self.write(b, *len, &per_seq(&k, b)?, &per_seq(&v, b)?)?;
+            *len += tokens;
+        }
+        self.lens.set(lens)
+    }
+
+    /// Appends BF16 `k`, `v` `[tokens, kv_heads, head_dim]` to sequence `seq` only.
+    pub fn append_seq(&mut self, seq: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        const WHAT: &str = "Bf16Cache::append_seq";
+        if seq >= self.shape.batch {
+            bail!(
+                "{WHAT}: sequence {seq} out of range (batch {})",
+                self.shape.batch
+            )
+        }
+        let tokens = check_new_kv(WHAT, k, v, &self.shape, 1, self.device())?;
+        check_room(
+            WHAT,
+            &self.lens.host[seq..=seq],
+            seq,
+            tokens,
+            self.shape.capacity,
+        )?;
+        let (k, v) = (k.contiguous()?, v.contiguous()?);
+        let (k, v) = if k.rank() == 4 {
+            (k.get(0)?, v.get(0)?)
+        } else {
+            (k, v)
+        };
+        self.write(seq, self.lens.host[seq], &k, &v)?;
+        let mut lens = self.lens.host.clone();
+        lens[seq] += tokens;
+        self.lens.set(lens)
+    }
+
+    /// `k`, `v` `[tokens, kv_heads, head_dim]` (contiguous) into sequence `b` at `at`.
+    fn write(&self, b: usize, at: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        self.kv.get(0)?.get(b)?.slice_set(k, 0, at)?;
+        self.kv.get(1)?.get(b)?.slice_set(v, 0, at)
+    }
+
+    /// Empties every sequence.
+    pub fn reset(&mut self) -> Result<()> {
+        self.lens.set(vec![0; self.shape.batch])
+    }
+
+    /// Empties sequence `seq`.
+    pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
+        if seq >= self.shape.batch {
+            bail!(
+                "Bf16Cache::reset_seq: sequence {seq} out of range (batch {})",
+                self.shape.batch
+            )
+        }
+        let mut lens = self.lens.host.clone();
+        lens[seq] = 0;
+        self.lens.set(lens)
+    }
+
+    /// Sequence `seq` as BF16 `(k, v)`, each `[len, kv_heads, head_dim]` (copies).
+    pub fn read_bf16(&self, seq: usize) -> Result<(Tensor, Tensor)> {
+        if seq >= self.shape.batch {
+            bail!(
+                "Bf16Cache::read_bf16: sequence {seq} out of range (batch {})",
+                self.shape.batch
+            )
+        }
+        let n = self.lens.host[seq];
+        let k = self.kv.get(0)?.get(seq)?.narrow(0, 0, n)?.contiguous()?;
+        let v = self.kv.get(1)?.get(seq)?.narrow(0, 0, n)?.contiguous()?;
+        Ok((k, v))
+    }
+
+    /// Decode attention (see [`KvCache::decode_attention`](super::KvCache::decode_attention)).
+    pub fn decode_attention(&self, q: &Tensor) -> Result<Tensor> {
+        self.decode_attention_with(q, &DecodeOptions::default())
+    }
+
+    /// Decode attention with launch options.
+    pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+        let q_heads = check_query(
+            "Bf16Cache::decode_attention",
+            q,
+            &self.shape,
+            &self.lens.host,
+            self.device(),
+        )?;
+        let op = KvAttention {
+            kind: KvCacheKind::Bf16,
+            shape: self.shape,
+            q_heads,
+            lens: self.lens.host.clone(),
+            opts: *opts,
+        };
+        q.contiguous()?
+            .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)
+    }
+}

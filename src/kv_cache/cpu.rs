@@ -1,0 +1,293 @@
+//! CPU forwards: UltraQuant store and read-back, and decode attention (the reference the
+//! CUDA kernels are tested against).
+//!
+//! # Attention numerics (the oracle)
+//!
+//! Per (sequence `b`, query head `h`, KV head `h / G`), all in f32:
+//! 1. `q = f32(q_bf16)`; UltraQuant: `q ← WHT(q)` ([`wht_inplace`], the store's rotation).
+//! 2. K, V rows decoded exactly (UltraQuant: `e2m1 · s`, K left in the rotated basis; BF16:
+//!    the stored values).
+//! 3. `s_t = (Σ_d q_d k_{t,d}) · f32(1/√D)`, the sum in ascending `d`.
+//! 4. `m = max_t s_t`, `p_t = exp(s_t − m)`, `l = Σ_t p_t` (ascending `t`).
+//! 5. `o_d = (Σ_t p_t v_{t,d}) / l`, rounded once to BF16 (nearest even).
+
+use super::CacheShape;
+use crate::ultraquant::{decode_row, encode_slot, slot_size, wht_inplace};
+use candle_core::{bail, Result};
+use half::bf16;
+use rayon::prelude::*;
+
+/// Where [`attention_cpu`] reads K and V.
+#[derive(Debug, Clone, Copy)]
+pub enum KvSource<'a> {
+    /// UltraQuant slot bytes `[batch][capacity][kv_heads][slot]` (K rotated; trailing
+    /// padding allowed).
+    UltraQuant(&'a [u8]),
+    /// BF16 K and V, each `[batch][capacity][kv_heads][head_dim]`.
+    Bf16 {
+        /// K values.
+        k: &'a [bf16],
+        /// V values.
+        v: &'a [bf16],
+    },
+}
+
+/// Encodes `tokens` new tokens of sequences `seq_base + i` (`i < starts.len()`) at
+/// positions `starts[i]..`: `k`, `v` BF16 `[starts.len()][tokens][kv_heads][head_dim]`.
+pub(crate) fn store(
+    data: &mut [u8],
+    shape: &CacheShape,
+    seq_base: usize,
+    starts: &[usize],
+    tokens: usize,
+    k: &[bf16],
+    v: &[bf16],
+) -> Result<()> {
+    let (kvh, d, cap) = (shape.kv_heads, shape.head_dim, shape.capacity);
+    let slot = slot_size(d, None)?;
+    let row_elems = tokens * kvh * d;
+    if k.len() != starts.len() * row_elems || v.len() != k.len() {
+        bail!(
+            "kv_cache store: k/v hold {} / {} values, expected {}",
+            k.len(),
+            v.len(),
+            starts.len() * row_elems
+        )
+    }
+    for (i, &start) in starts.iter().enumerate() {
+        let seq = seq_base + i;
+        if seq >= shape.batch || start + tokens > cap {
+            bail!(
+                "kv_cache store: sequence {seq}, tokens {start}..{} outside the cache",
+                start + tokens
+            )
+        }
+        let a = (seq * cap + start) * kvh * slot;
+        let b = a + tokens * kvh * slot;
+        if b > data.len() {
+            bail!(
+                "kv_cache store: cache buffer of {} bytes is too small",
+                data.len()
+            )
+        }
+        let (ki, vi) = (
+            &k[i * row_elems..(i + 1) * row_elems],
+            &v[i * row_elems..(i + 1) * row_elems],
+        );
+        data[a..b]
+            .par_chunks_mut(slot)
+            .enumerate()
+            .try_for_each(|(r, out)| {
+                let kf: Vec<f32> = ki[r * d..(r + 1) * d].iter().map(|x| x.to_f32()).collect();
+                let vf: Vec<f32> = vi[r * d..(r + 1) * d].iter().map(|x| x.to_f32()).collect();
+                encode_slot(&kf, &vf, out)
+            })?;
+    }
+    Ok(())
+}
+
+/// Decodes tokens `start..start + count` of sequence `seq` to BF16 `[2][count][kv_heads]
+/// [head_dim]` (K un-rotated, then V).
+pub(crate) fn read(
+    data: &[u8],
+    shape: &CacheShape,
+    seq: usize,
+    start: usize,
+    count: usize,
+) -> Result<Vec<bf16>> {
+    let (kvh, d, cap) = (shape.kv_heads, shape.head_dim, shape.capacity);
+    let slot = slot_size(d, None)?;
+    if seq >= shape.batch || start + count > cap {
+        bail!(
+            "kv_cache read: sequence {seq}, tokens {start}..{} outside the cache",
+            start + count
+        )
+    }
+    let first = (seq * cap + start) * kvh;
+    if (first + count * kvh) * slot > data.len() {
+        bail!(
+            "kv_cache read: cache buffer of {} bytes is too small",
+            data.len()
+        )
+    }
+    let n = count * kvh * d;
+    let mut out = vec![bf16::ZERO; 2 * n];
+    let (ok, ov) = out.split_at_mut(n);
+    ok.par_chunks_mut(d)
+        .zip(ov.par_chunks_mut(d))
+        .enumerate()
+        .try_for_each(|(r, (kr, vr))| {
+            let s = &data[(first + r) * slot..(first + r + 1) * slot];
+            let (mut kf, vf) = decode_halves(s, d)?;
+            wht_inplace(&mut kf)?;
+            for (o, x) in kr.iter_mut().zip(&kf) {
+                *o = bf16::from_f32(*x);
+            }
+            for (o, x) in vr.iter_mut().zip(&vf) {
+                *o = bf16::from_f32(*x);
+            }
+            Ok::<(), candle_core::Error>(())
+        })?;
+    Ok(out)
+}
+
+/// `(K rotated, V)` of one slot, exact.
+fn decode_halves(slot: &[u8], d: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mut k = vec![0f32; d];
+    let mut v = vec![0f32; d];
+    decode_into(slot, d, &mut k, &mut v)?;
+    Ok((k, v))
+}
+
+fn decode_into(slot: &[u8], d: usize, k: &mut [f32], v: &mut [f32]) -> Result<()> {
+    let g = d / 32;
+    let (kpart, vpart) = slot.split_at(d / 2 + g);
+    decode_row(&kpart[..d / 2], &kpart[d / 2..], k)?;
+    decode_row(&vpart[..d / 2], &vpart[d / 2..d / 2 + g], v)
+}
+
+/// Reference decode attention (numerics in the module docs): `q` BF16 `[batch][q_heads]
+/// [head_dim]`, K/V from `src` with `lens[b]` tokens in sequence `b`; returns BF16
+/// `[batch][q_heads][head_dim]`.
+///
+/// Errors when the sizes do not fit, `q_heads` is not a multiple of `kv_heads`, or a
+/// sequence is empty or longer than the capacity.
+pub fn attention_cpu(
+    q: &[bf16],
+    q_heads: usize,
+    shape: &CacheShape,
+    lens: &[usize],
+    src: KvSource<'_>,
+) -> Result<Vec<bf16>> {
+    let CacheShape {
+        batch,
+        capacity,
+        kv_heads,
+        head_dim: d,
+    } = *shape;
+    if q_heads == 0 || kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
+        bail!("attention_cpu: q_heads ({q_heads}) must be a positive multiple of kv_heads ({kv_heads})")
+    }
+    if q.len() != batch * q_heads * d || lens.len() != batch {
+        bail!("attention_cpu: q has {} values and lens {} entries for batch {batch}, {q_heads} heads of {d}", q.len(), lens.len())
+    }
+    if let Some(b) = lens.iter().position(|&n| n == 0 || n > capacity) {
+        bail!(
+            "attention_cpu: sequence {b} has {} tokens (must be 1..={capacity})",
+            lens[b]
+        )
+    }
+    let n_rows = batch * capacity * kv_heads;
+    let rotate = match src {
+        KvSource::UltraQuant(data) => {
+            if data.len() < n_rows * slot_size(d, None)? {
+                bail!(
+                    "attention_cpu: {} slot bytes are too few for {shape:?}",
+                    data.len()
+                )
+            }
+            true
+        }
+        KvSource::Bf16 { k, v } => {
+            if k.len() != n_rows * d || v.len() != n_rows * d {
+                bail!(
+                    "attention_cpu: BF16 K/V hold {} / {} values, {shape:?} needs {}",
+                    k.len(),
+                    v.len(),
+                    n_rows * d
+                )
+            }
+            false
+        }
+    };
+    let group = q_heads / kv_heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    let tasks: Vec<(usize, usize)> = (0..batch)
+        .flat_map(|b| (0..kv_heads).map(move |h| (b, h)))
+        .collect();
+    let outs: Vec<Vec<bf16>> = tasks
+        .par_iter()
+        .map(|&(b, kh)| {
+            let n = lens[b];
+            let (kr, vr) = gather_rows(src, shape, b, kh, n)?;
+            let mut out = Vec::with_capacity(group * d);
+            for gi in 0..group {
+                let qh = kh * group + gi;
+                let mut qv: Vec<f32> = q[(b * q_heads + qh) * d..][..d]
+                    .iter()
+                    .map(|x| x.to_f32())
+                    .collect();
+                if rotate {
+                    wht_inplace(&mut qv)?;
+                }
+                out.extend(attend_one(&qv, &kr, &vr, n, d, scale));
+            }
+            Ok(out)
+        })
+        .collect::<Result<_>>()?;
+    let mut out = vec![bf16::ZERO; batch * q_heads * d];
+    for ((b, kh), o) in tasks.into_iter().zip(outs) {
+        let at = (b * q_heads + kh * group) * d;
+        out[at..at + group * d].copy_from_slice(&o);
+    }
+    Ok(out)
+}
+
+/// K and V rows (f32, `[n][d]` each) of KV head `kh` of sequence `b`.
+fn gather_rows(
+    src: KvSource<'_>,
+    shape: &CacheShape,
+    b: usize,
+    kh: usize,
+    n: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let d = shape.head_dim;
+    let row = |t: usize| (b * shape.capacity + t) * shape.kv_heads + kh;
+    let mut kr = vec![0f32; n * d];
+    let mut vr = vec![0f32; n * d];
+    match src {
+        KvSource::UltraQuant(data) => {
+            let slot = slot_size(d, None)?;
+            for (t, (kt, vt)) in kr
+                .chunks_exact_mut(d)
+                .zip(vr.chunks_exact_mut(d))
+                .enumerate()
+            {
+                decode_into(&data[row(t) * slot..][..slot], d, kt, vt)?;
+            }
+        }
+        KvSource::Bf16 { k, v } => {
+            for (t, (kt, vt)) in kr
+                .chunks_exact_mut(d)
+                .zip(vr.chunks_exact_mut(d))
+                .enumerate()
+            {
+                for (o, x) in kt.iter_mut().zip(&k[row(t) * d..][..d]) {
+                    *o = x.to_f32();
+                }
+                for (o, x) in vt.iter_mut().zip(&v[row(t) * d..][..d]) {
+                    *o = x.to_f32();
+                }
+            }
+        }
+    }
+    Ok((kr, vr))
+}
+
+/// Steps 3–5 of the module docs for one query.
+fn attend_one(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize, scale: f32) -> Vec<bf16> {
+    let s: Vec<f32> = k
+        .chunks_exact(d)
+        .map(|kt| kt.iter().zip(q).fold(0f32, |acc, (a, b)| acc + a * b) * scale)
+        .collect();
+    let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let p: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
+    let l: f32 = p.iter().sum();
+    let mut o = vec![0f32; d];
+    for (pt, vt) in p.iter().zip(v.chunks_exact(d)).take(n) {
+        for (oi, vi) in o.iter_mut().zip(vt) {
+            *oi += pt * vi;
+        }
+    }
+    o.iter().map(|x| bf16::from_f32(x / l)).collect()
+}

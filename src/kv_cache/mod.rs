@@ -1,0 +1,353 @@
+//! KV caches for candle models: UltraQuant FP4 ([`UltraQuantCache`]) or BF16
+//! ([`Bf16Cache`]) behind one enum ([`KvCache`]), with decode attention.
+//!
+//! # Layout
+//!
+//! A cache holds one layer: `batch` sequences of up to `capacity` tokens, `kv_heads` heads of
+//! `head_dim` values each, preallocated at construction and never reallocated. Each sequence
+//! has its own length ([`KvCache::lens`]); appends write at each sequence's current length.
+//!
+//! * UltraQuant: one U8 tensor `[batch][capacity][kv_heads][slot]` (plus 16 padding bytes),
+//!   one [`slot_size`](crate::ultraquant::slot_size) slot per (token, head) in the format of
+//!   [`crate::ultraquant`]: K rotated by the normalized Walsh–Hadamard transform, then K and
+//!   V quantized to E2M1 codes with one UE8M0 scale per 32 values. 136 bytes per (token,
+//!   head) at `head_dim = 128`, against 512 for BF16 K+V (3.76× smaller).
+//! * BF16: one BF16 tensor `[2][batch][capacity][kv_heads][head_dim]` (K then V).
+//!
+//! Both keep the lengths on the host and as a U32 tensor on the cache's device (the kernels
+//! read it), refreshed after every append.
+//!
+//! # Decode attention
+//!
+//! [`KvCache::decode_attention`] takes `q` BF16 `[batch, q_heads, head_dim]` (`q_heads` a
+//! multiple of `kv_heads`; query head `h` reads KV head `h / (q_heads / kv_heads)`) and
+//! attends over each sequence's cached tokens with softmax scale `1/√head_dim`, FP32 math,
+//! BF16 output `[batch, q_heads, head_dim]`. For UltraQuant the query is rotated by the same
+//! transform as K, so `q·k` is unchanged. No mask beyond the lengths: a decode step appends
+//! its token first, then attends over everything cached.
+//!
+//! The CPU forward is the reference the CUDA kernels are tested against (numerics in
+//! `cpu.rs`); the CUDA forward is a split-KV flash-decoding kernel (`kernels/ultraquant.cu`).
+//!
+//! # Prefill
+//!
+//! Prefill attends over the **unquantized** K/V of the prompt (any causal attention, e.g.
+//! candle's matmul + softmax or flash-attn) and then stores them with [`KvCache::append`]
+//! (or [`KvCache::append_seq`] per sequence). Reasons: prefill is compute-bound, so FP4 K/V
+//! would save no time there while a dedicated quantized prefill kernel would be a second
+//! attention implementation to keep correct; and the prompt tokens then see exact K/V (the
+//! quantization error enters only at decode, as with vLLM's FP8 KV caches). A chunked
+//! prefill reads the cached prefix back with [`KvCache::read_bf16`] (dequantized, K
+//! un-rotated) and attends over `[prefix; chunk]`.
+
+mod bf16_cache;
+mod cpu;
+pub(crate) mod ops;
+mod ultraquant_cache;
+
+pub use bf16_cache::Bf16Cache;
+pub use cpu::{attention_cpu, KvSource};
+pub use ultraquant_cache::UltraQuantCache;
+
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// Padding bytes after the last UltraQuant slot (the CUDA kernels read whole 16-byte chunks).
+pub const SLOT_PADDING: usize = 16;
+
+/// Which storage a [`KvCache`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvCacheKind {
+    /// BF16 K and V.
+    Bf16,
+    /// UltraQuant FP4 slots (E2M1 + UE8M0 per 32, K Walsh–Hadamard rotated).
+    UltraQuant,
+}
+
+/// Dimensions of one layer's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheShape {
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub capacity: usize,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Values per head: a power of two and a multiple of 32 (CUDA: 64, 128 or 256).
+    pub head_dim: usize,
+}
+
+impl CacheShape {
+    /// Checks the dimensions for a cache on `device` (`what` names the caller in errors).
+    pub(crate) fn check(&self, what: &str, device: &Device) -> Result<()> {
+        let CacheShape {
+            batch,
+            capacity,
+            kv_heads,
+            head_dim,
+        } = *self;
+        if batch == 0 || capacity == 0 || kv_heads == 0 {
+            bail!("{what}: batch ({batch}), capacity ({capacity}) and kv_heads ({kv_heads}) must be positive")
+        }
+        if !head_dim.is_power_of_two() || !head_dim.is_multiple_of(32) {
+            bail!("{what}: head_dim must be a power of two and a multiple of 32, got {head_dim}")
+        }
+        if device.is_cuda() && ![64, 128, 256].contains(&head_dim) {
+            bail!("{what}: the CUDA kernels support head_dim 64, 128 and 256, got {head_dim}")
+        }
+        let limit = i32::MAX as usize;
+        if batch > limit || capacity > limit || kv_heads > limit {
+            bail!("{what}: batch, capacity and kv_heads must fit in i32")
+        }
+        Ok(())
+    }
+
+    /// `batch · capacity · kv_heads · per_token_head`, or an error on overflow.
+    pub(crate) fn elems(&self, what: &str, per_token_head: usize) -> Result<usize> {
+        self.batch
+            .checked_mul(self.capacity)
+            .and_then(|n| n.checked_mul(self.kv_heads))
+            .and_then(|n| n.checked_mul(per_token_head))
+            .ok_or_else(|| candle_core::Error::Msg(format!("{what}: cache size overflows usize")))
+    }
+}
+
+/// Launch options of decode attention (CUDA only; the CPU ignores them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Token-range splits per (sequence, KV head); `None` = heuristic (enough CTAs for two
+    /// per SM, at least 256 tokens each). Clamped to `1..=1024`.
+    pub splits: Option<usize>,
+}
+
+/// Per-sequence lengths on the host and as a U32 tensor on the cache's device.
+#[derive(Debug, Clone)]
+pub(crate) struct Lengths {
+    pub host: Vec<usize>,
+    pub dev: Tensor,
+}
+
+impl Lengths {
+    pub(crate) fn zeros(batch: usize, device: &Device) -> Result<Self> {
+        Ok(Self {
+            host: vec![0; batch],
+            dev: Tensor::zeros(batch, DType::U32, device)?,
+        })
+    }
+
+    /// Replaces the host lengths and refreshes the device copy.
+    pub(crate) fn set(&mut self, host: Vec<usize>) -> Result<()> {
+        let v: Vec<u32> = host.iter().map(|&n| n as u32).collect();
+        self.dev = Tensor::from_vec(v, host.len(), self.dev.device())?;
+        self.host = host;
+        Ok(())
+    }
+}
+
+/// Checks new K/V (`[batch, tokens, kv_heads, head_dim]`, or `[tokens, kv_heads, head_dim]`
+/// when `n_seq == 1`) for an append of `n_seq` sequences; returns the token count.
+pub(crate) fn check_new_kv(
+    what: &str,
+    k: &Tensor,
+    v: &Tensor,
+    shape: &CacheShape,
+    n_seq: usize,
+    device: &Device,
+) -> Result<usize> {
+    for (name, t) in [("k", k), ("v", v)] {
+        if t.dtype() != DType::BF16 {
+            bail!("{what}: {name} must be BF16, got {:?}", t.dtype())
+        }
+        if !t.device().same_device(device) {
+            bail!(
+                "{what}: {name} is on {:?} but the cache is on {:?}",
+                t.device().location(),
+                device.location()
+            )
+        }
+    }
+    if k.dims() != v.dims() {
+        bail!(
+            "{what}: k {:?} and v {:?} must have the same shape",
+            k.dims(),
+            v.dims()
+        )
+    }
+    let (kh, d) = (shape.kv_heads, shape.head_dim);
+    let tokens = match *k.dims() {
+        [n, t, h, dd] if n == n_seq && h == kh && dd == d => t,
+        [t, h, dd] if n_seq == 1 && h == kh && dd == d => t,
+        ref dims => bail!("{what}: k/v must be [{n_seq}, tokens, {kh}, {d}] (or [tokens, {kh}, {d}] for one sequence), got {dims:?}"),
+    };
+    if tokens == 0 {
+        bail!("{what}: k/v hold no tokens")
+    }
+    Ok(tokens)
+}
+
+/// Checks that `tokens` more fit after each of `lens` (capacity `cap`).
+pub(crate) fn check_room(
+    what: &str,
+    lens: &[usize],
+    first_seq: usize,
+    tokens: usize,
+    cap: usize,
+) -> Result<()> {
+    for (i, &n) in lens.iter().enumerate() {
+        if n + tokens > cap {
+            bail!(
+                "{what}: sequence {} holds {n} tokens, {tokens} more exceed the capacity {cap}",
+                first_seq + i
+            )
+        }
+    }
+    Ok(())
+}
+
+/// Checks `q` for decode attention; returns `q_heads`.
+pub(crate) fn check_query(
+    what: &str,
+    q: &Tensor,
+    shape: &CacheShape,
+    lens: &[usize],
+    device: &Device,
+) -> Result<usize> {
+    if q.dtype() != DType::BF16 {
+        bail!("{what}: q must be BF16, got {:?}", q.dtype())
+    }
+    if !q.device().same_device(device) {
+        bail!(
+            "{what}: q is on {:?} but the cache is on {:?}",
+            q.device().location(),
+            device.location()
+        )
+    }
+    let q_heads = match *q.dims() {
+        [b, h, d] if b == shape.batch && d == shape.head_dim => h,
+        ref dims => bail!(
+            "{what}: q must be [{}, q_heads, {}], got {dims:?}",
+            shape.batch,
+            shape.head_dim
+        ),
+    };
+    if q_heads == 0 || !q_heads.is_multiple_of(shape.kv_heads) {
+        bail!(
+            "{what}: q_heads ({q_heads}) must be a positive multiple of kv_heads ({})",
+            shape.kv_heads
+        )
+    }
+    if q_heads > i32::MAX as usize {
+        bail!("{what}: q_heads must fit in i32")
+    }
+    if let Some(b) = lens.iter().position(|&n| n == 0) {
+        bail!("{what}: sequence {b} is empty (append its K/V before attending)")
+    }
+    Ok(q_heads)
+}
+
+/// A KV cache of either kind, with the same interface, so models switch with one option.
+#[derive(Debug, Clone)]
+pub enum KvCache {
+    /// BF16 storage.
+    Bf16(Bf16Cache),
+    /// UltraQuant FP4 storage.
+    UltraQuant(UltraQuantCache),
+}
+
+impl KvCache {
+    /// A zeroed cache of `kind` with `shape` on `device` (all lengths 0).
+    pub fn new(kind: KvCacheKind, shape: CacheShape, device: &Device) -> Result<Self> {
+        Ok(match kind {
+            KvCacheKind::Bf16 => Self::Bf16(Bf16Cache::new(shape, device)?),
+            KvCacheKind::UltraQuant => Self::UltraQuant(UltraQuantCache::new(shape, device)?),
+        })
+    }
+
+    /// The storage kind.
+    pub fn kind(&self) -> KvCacheKind {
+        match self {
+            Self::Bf16(_) => KvCacheKind::Bf16,
+            Self::UltraQuant(_) => KvCacheKind::UltraQuant,
+        }
+    }
+
+    /// The cache's dimensions.
+    pub fn shape(&self) -> CacheShape {
+        match self {
+            Self::Bf16(c) => c.shape(),
+            Self::UltraQuant(c) => c.shape(),
+        }
+    }
+
+    /// Tokens held by each sequence.
+    pub fn lens(&self) -> &[usize] {
+        match self {
+            Self::Bf16(c) => c.lens(),
+            Self::UltraQuant(c) => c.lens(),
+        }
+    }
+
+    /// Cache bytes per token per layer (all KV heads, K and V).
+    pub fn bytes_per_token(&self) -> usize {
+        match self {
+            Self::Bf16(c) => c.bytes_per_token(),
+            Self::UltraQuant(c) => c.bytes_per_token(),
+        }
+    }
+
+    /// Appends BF16 `k`, `v` `[batch, tokens, kv_heads, head_dim]` (or `[tokens, kv_heads,
+    /// head_dim]` for batch 1) to every sequence at its current length. Errors (and writes
+    /// nothing) when a sequence would overflow, or on a wrong dtype, shape or device.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.append(k, v),
+            Self::UltraQuant(c) => c.append(k, v),
+        }
+    }
+
+    /// Appends BF16 `k`, `v` `[tokens, kv_heads, head_dim]` to sequence `seq` only.
+    pub fn append_seq(&mut self, seq: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.append_seq(seq, k, v),
+            Self::UltraQuant(c) => c.append_seq(seq, k, v),
+        }
+    }
+
+    /// Empties every sequence (the storage is kept and overwritten by later appends).
+    pub fn reset(&mut self) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.reset(),
+            Self::UltraQuant(c) => c.reset(),
+        }
+    }
+
+    /// Empties sequence `seq`.
+    pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.reset_seq(seq),
+            Self::UltraQuant(c) => c.reset_seq(seq),
+        }
+    }
+
+    /// Sequence `seq` read back as BF16 `(k, v)`, each `[len, kv_heads, head_dim]`
+    /// (UltraQuant: dequantized, K un-rotated).
+    pub fn read_bf16(&self, seq: usize) -> Result<(Tensor, Tensor)> {
+        match self {
+            Self::Bf16(c) => c.read_bf16(seq),
+            Self::UltraQuant(c) => c.read_bf16(seq),
+        }
+    }
+
+    /// Decode attention of `q` BF16 `[batch, q_heads, head_dim]` over the cached tokens;
+    /// BF16 `[batch, q_heads, head_dim]`. See the module docs.
+    pub fn decode_attention(&self, q: &Tensor) -> Result<Tensor> {
+        self.decode_attention_with(q, &DecodeOptions::default())
+    }
+
+    /// [`decode_attention`](Self::decode_attention) with launch options.
+    pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+        match self {
+            Self::Bf16(c) => c.decode_attention_with(q, opts),
+            Self::UltraQuant(c) => c.decode_attention_with(q, opts),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! [`UltraQuantCache`]: one layer's FP4 KV cache in the UltraQuant slot layout.
+
+use super::ops::{KvAttention, UqRead, UqStore};
+use super::{
+    check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, Lengths,
+    SLOT_PADDING,
+};
+use crate::ultraquant::slot_size;
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// UltraQuant FP4 KV cache of one layer: slots `[batch][capacity][kv_heads][slot]` in one
+/// preallocated U8 tensor (see the [module docs](super)).
+#[derive(Debug, Clone)]
+pub struct UltraQuantCache {
+    shape: CacheShape,
+    slot: usize,
+    /// U8 `[batch · capacity · kv_heads · slot + SLOT_PADDING]`.
+    data: Tensor,
+    lens: Lengths,
+}
+
+impl UltraQuantCache {
+    /// A zeroed cache with all lengths 0.
+    ///
+    /// Errors when a dimension is zero, `head_dim` is not a power of two and a multiple of
+    /// 32 (on CUDA: not 64, 128 or 256), or the size overflows.
+    pub fn new(shape: CacheShape, device: &Device) -> Result<Self> {
+        const WHAT: &str = "UltraQuantCache::new";
+        shape.check(WHAT, device)?;
+        let slot = slot_size(shape.head_dim, None)?;
+        let bytes = shape.elems(WHAT, slot)?.checked_add(SLOT_PADDING);
+        let Some(bytes) = bytes else {
+            bail!("{WHAT}: cache size overflows usize")
+        };
+        let data = Tensor::zeros(bytes, DType::U8, device)?;
+        Ok(Self {
+            shape,
+            slot,
+            data,
+            lens: Lengths::zeros(shape.batch, device)?,
+        })
+    }
+
+    /// The cache's dimensions.
+    pub fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    /// Bytes per (token, head) slot: 68, 136, 272 at head_dim 64, 128, 256.
+    pub fn slot_size(&self) -> usize {
+        self.slot
+    }
+
+    /// Cache bytes per token per layer: `kv_heads · slot`.
+    pub fn bytes_per_token(&self) -> usize {
+        self.shape.kv_heads * self.slot
+    }
+
+    /// The device the cache lives on.
+    pub fn device(&self) -> &Device {
+        self.data.device()
+    }
+
+    /// Tokens held by each sequence.
+    pub fn lens(&self) -> &[usize] {
+        &self.lens.host
+    }
+
+    /// The lengths as a U32 `[batch]` tensor on the cache's device (what the kernels read).
+    pub fn lens_tensor(&self) -> &Tensor {
+        &self.lens.dev
+    }
+
+    /// The slot bytes as a U8 `[batch, capacity, kv_heads, slot]` view (no copy).
+    pub fn slots(&self) -> Result<Tensor> {
+        let CacheShape {
+            batch,
+            capacity,
+            kv_heads,
+            ..
+        } = self.shape;
+        self.data
+            .narrow(0, 0, batch * capacity * kv_heads * self.slot)?
+            .reshape((batch, capacity, kv_heads, self.slot))
+    }
+
+    /// Appends BF16 `k`, `v` `[batch, tokens, kv_heads, head_dim]` (or `[tokens, kv_heads,
+    /// head_dim]` for batch 1) to every sequence: K rotated, K and V quantized, written at
+    /// each sequence's length. Errors, writing nothing, on overflow or bad inputs.
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        const WHAT: &str = "UltraQuantCache::append";
+        let tokens = check_new_kv(WHAT, k, v, &self.shape, self.shape.batch, self.device())?;
+        check_room(WHAT, &self.lens.host, 0, tokens, self.shape.capacity)?;
+        self.store(0, self.lens.host.clone(), tokens, k, v)
+    }
+
+    /// Appends BF16 `k`, `v` `[tokens, kv_heads, head_dim]` to sequence `seq` only.
+    pub fn append_seq(&mut self, seq: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        const WHAT: &str = "UltraQuantCache::append_seq";
+        if seq >= self.shape.batch {
+            bail!(
+                "{WHAT}: sequence {seq} out of range (batch {})",
+                self.shape.batch
+            )
+        }
+        let tokens = check_new_kv(WHAT, k, v, &self.shape, 1, self.device())?;
+        check_room(
+            WHAT,
+            &self.lens.host[seq..=seq],
+            seq,
+            tokens,
+            self.shape.capacity,
+        )?;
+        self.store(seq, vec![self.lens.host[seq]], tokens, k, v)
+    }
+
+    fn store(
+        &mut self,
+        seq_base: usize,
+        starts: Vec<usize>,
+        tokens: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
+        let (k, v) = (k.contiguous()?, v.contiguous()?);
+        let op = UqStore {
+            shape: self.shape,
+            seq_base,
+            starts: starts.clone(),
+            tokens,
+            lens_dev: self.lens.dev.clone(),
+        };
+        self.data.inplace_op3(&k, &v, &op)?;
+        let mut lens = self.lens.host.clone();
+        for (i, s) in starts.iter().enumerate() {
+            lens[seq_base + i] = s + tokens;
+        }
+        self.lens.set(lens)
+    }
+
+    /// Empties every sequence (the slots are overwritten by later appends).
+    pub fn reset(&mut self) -> Result<()> {
+        self.lens.set(vec![0; self.shape.batch])
+    }
+
+    /// Empties sequence `seq`.
+    pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
+        if seq >= self.shape.batch {
+            bail!(
+                "UltraQuantCache::reset_seq: sequence {seq} out of range (batch {})",
+                self.shape.batch
+            )
+        }
+        let mut lens = self.lens.host.clone();
+        lens[seq] = 0;
+        self.lens.set(lens)
+    }
+
+    /// Sequence `seq` dequantized to BF16 `(k, v)`, each `[len, kv_heads, head_dim]`, K
+    /// rotated back (bit for bit `ultraquant::decode_slot_unrotated` rounded to BF16).
+    pub fn read_bf16(&self, seq: usize) -> Result<(Tensor, Tensor)> {
+        if seq >= self.shape.batch {
+            bail!(
+                "UltraQuantCache::read_bf16: sequence {seq} out of range (batch {})",
+                self.shape.batch
+            )
+        }
+        let count = self.lens.host[seq];
+        let kv = if count == 0 {
+            Tensor::zeros(
+                (2, 0, self.shape.kv_heads, self.shape.head_dim),
+                DType::BF16,
+                self.device(),
+            )?
+        } else {
+            self.data.apply_op1_no_bwd(&UqRead {
+                shape: self.shape,
+                seq,
+                start: 0,
+                count,
+            })?
+        };
+        Ok((kv.get(0)?, kv.get(1)?))
+    }
+
+    /// Decode attention (see [`KvCache::decode_attention`](super::KvCache::decode_attention)).
+    pub fn decode_attention(&self, q: &Tensor) -> Result<Tensor> {
+        self.decode_attention_with(q, &DecodeOptions::default())
+    }
+
+    /// Decode attention with launch options.
+    pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+        let q_heads = check_query(
+            "UltraQuantCache::decode_attention",
+            q,
+            &self.shape,
+            &self.lens.host,
+            self.device(),
+        )?;
+        let op = KvAttention {
+            kind: KvCacheKind::UltraQuant,
+            shape: self.shape,
+            q_heads,
+            lens: self.lens.host.clone(),
+            opts: *opts,
+        };
+        q.contiguous()?
+            .apply_op3_no_bwd(&self.data, &self.lens.dev, &op)
+    }
+}

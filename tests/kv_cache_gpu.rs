@@ -1,0 +1,236 @@
+//! KV caches on the GPU against the CPU reference (feature `cuda`, needs a GPU).
+//!
+//! * Store: the CUDA slots equal the CPU slots bit for bit, and so does the read-back.
+//! * Decode attention, UltraQuant and BF16 caches, against the CPU forward on the same K/V:
+//!   head_dim 64/128/256, contexts 1, 17, 97, 4097 (and 32768 for one configuration),
+//!   batch 1 and 3 with different lengths, GQA 4:1 (plus 1:1, 3:1, 8:1), split counts
+//!   forced to 1 (the kernel writes the output) and to several (partials + combine).
+//!
+//! Tolerance GPU vs CPU: both approximate the same attention. The CPU forward is f32 (error
+//! ~1e-6 relative); the kernel splits q and the softmax weights into BF16 hi + lo pairs
+//! (~2^-17 relative each) and accumulates in FP32 on tensor cores, so its scores are within
+//! ~1e-4 relative and its output within ~1e-4 · max|o| before rounding. After each side's
+//! single BF16 rounding they may differ by one BF16 ulp; allowed: one ulp at
+//! max(|gpu|, |cpu|) plus 2^-13 · max|o_cpu| for elements near zero through cancellation.
+#![cfg(feature = "cuda")]
+
+mod kv_cache_common;
+
+use candle_core::{DType, Device, Tensor};
+use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
+use half::bf16;
+use kv_cache_common::*;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("a CUDA device")
+}
+
+/// The same appends to a CPU and a GPU cache: a prompt per sequence (`append_seq`), then
+/// `steps` one-token batch appends.
+fn twin(
+    kind: KvCacheKind,
+    sh: CacheShape,
+    prompts: &[usize],
+    steps: usize,
+    seed: u64,
+) -> (KvCache, KvCache) {
+    let (dev, cpu) = (gpu(), Device::Cpu);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (kh, d) = (sh.kv_heads, sh.head_dim);
+    let mut a = KvCache::new(kind, sh, &cpu).unwrap();
+    let mut g = KvCache::new(kind, sh, &dev).unwrap();
+    let t = |x: &[bf16], dims: &[usize], dv: &Device| Tensor::from_slice(x, dims, dv).unwrap();
+    for (b, &n) in prompts.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let k = gaussian_bf16(&mut rng, n * kh * d, 1.5);
+        let v = gaussian_bf16(&mut rng, n * kh * d, 1.0);
+        a.append_seq(b, &t(&k, &[n, kh, d], &cpu), &t(&v, &[n, kh, d], &cpu))
+            .unwrap();
+        g.append_seq(b, &t(&k, &[n, kh, d], &dev), &t(&v, &[n, kh, d], &dev))
+            .unwrap();
+    }
+    for _ in 0..steps {
+        let k = gaussian_bf16(&mut rng, sh.batch * kh * d, 1.5);
+        let v = gaussian_bf16(&mut rng, sh.batch * kh * d, 1.0);
+        let dims = [sh.batch, 1, kh, d];
+        a.append(&t(&k, &dims, &cpu), &t(&v, &dims, &cpu)).unwrap();
+        g.append(&t(&k, &dims, &dev), &t(&v, &dims, &dev)).unwrap();
+    }
+    assert_eq!(a.lens(), g.lens());
+    (a, g)
+}
+
+fn host_bf16(t: &Tensor) -> Vec<bf16> {
+    t.to_device(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<bf16>()
+        .unwrap()
+}
+
+#[test]
+fn store_and_read_back_match_cpu_bit_for_bit() {
+    for d in [64, 128, 256] {
+        for kh in [1, 3, 8] {
+            let sh = CacheShape {
+                batch: 3,
+                capacity: 70,
+                kv_heads: kh,
+                head_dim: d,
+            };
+            let (a, g) = twin(
+                KvCacheKind::UltraQuant,
+                sh,
+                &[17, 0, 66],
+                3,
+                (d * 10 + kh) as u64,
+            );
+            let (KvCache::UltraQuant(a), KvCache::UltraQuant(g)) = (&a, &g) else {
+                unreachable!()
+            };
+            let sa = a
+                .slots()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<u8>()
+                .unwrap();
+            let sg = g
+                .slots()
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<u8>()
+                .unwrap();
+            if let Some(i) = sa.iter().zip(&sg).position(|(x, y)| x != y) {
+                panic!(
+                    "d={d} kv_heads={kh}: slot byte {i} differs: cpu {:#04x} gpu {:#04x}",
+                    sa[i], sg[i]
+                );
+            }
+            for b in 0..3 {
+                let (ka, va) = a.read_bf16(b).unwrap();
+                let (kg, vg) = g.read_bf16(b).unwrap();
+                assert_eq!(ka.dims(), kg.dims());
+                let bits = |x: Vec<bf16>| x.into_iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(host_bf16(&ka)),
+                    bits(host_bf16(&kg)),
+                    "d={d} kv_heads={kh} seq {b}: K read-back"
+                );
+                assert_eq!(
+                    bits(host_bf16(&va)),
+                    bits(host_bf16(&vg)),
+                    "d={d} kv_heads={kh} seq {b}: V read-back"
+                );
+            }
+        }
+    }
+}
+
+/// Compares GPU and CPU decode attention on `(cpu, gpu)` twins with the tolerance of the
+/// module docs, for the given split options.
+fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &str) {
+    let sh = a.shape();
+    let q = gaussian_bf16(
+        &mut StdRng::seed_from_u64(seed),
+        sh.batch * q_heads * sh.head_dim,
+        1.0,
+    );
+    let dims = [sh.batch, q_heads, sh.head_dim];
+    let want = host_bf16(
+        &a.decode_attention(&Tensor::from_slice(&q, &dims[..], &Device::Cpu).unwrap())
+            .unwrap(),
+    );
+    let omax = want
+        .iter()
+        .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()));
+    let qg = Tensor::from_slice(&q, &dims[..], &gpu()).unwrap();
+    for splits in [None, Some(1), Some(3), Some(64)] {
+        let out = g
+            .decode_attention_with(&qg, &DecodeOptions { splits })
+            .unwrap();
+        assert_eq!(out.dims(), &dims[..]);
+        assert_eq!(out.dtype(), DType::BF16);
+        let got = host_bf16(&out);
+        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+            let (x, y) = (f64::from(x.to_f32()), f64::from(y.to_f32()));
+            let tol = bf16_ulp(x.abs().max(y.abs())) + omax * 2f64.powi(-13);
+            assert!(
+                (x - y).abs() <= tol,
+                "{what} splits={splits:?}: element {i}: gpu {x} cpu {y} (tolerance {tol:e})"
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_matches_cpu() {
+    for kind in [KvCacheKind::UltraQuant, KvCacheKind::Bf16] {
+        for d in [64, 128, 256] {
+            for (ci, &n) in [1usize, 17, 97, 4097].iter().enumerate() {
+                for batch in [1, 3] {
+                    let prompts: Vec<usize> = [n, n / 2 + 1, 17][..batch].to_vec();
+                    let cap = n.max(17) + 1;
+                    let sh = CacheShape {
+                        batch,
+                        capacity: cap,
+                        kv_heads: 2,
+                        head_dim: d,
+                    };
+                    let (a, g) = twin(kind, sh, &prompts, 1, (ci * 7 + d + batch) as u64);
+                    check_attention(
+                        &a,
+                        &g,
+                        8,
+                        99 + ci as u64,
+                        &format!("{kind:?} d={d} n={n} batch={batch} GQA 4:1"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_group_sizes() {
+    for kind in [KvCacheKind::UltraQuant, KvCacheKind::Bf16] {
+        for d in [64, 128, 256] {
+            for (kh, qh) in [(4, 4), (3, 9), (2, 16), (1, 20)] {
+                let sh = CacheShape {
+                    batch: 2,
+                    capacity: 300,
+                    kv_heads: kh,
+                    head_dim: d,
+                };
+                let (a, g) = twin(kind, sh, &[250, 31], 2, (kh * 100 + qh + d) as u64);
+                check_attention(
+                    &a,
+                    &g,
+                    qh,
+                    5,
+                    &format!("{kind:?} d={d} kv_heads={kh} q_heads={qh}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_long_context() {
+    let sh = CacheShape {
+        batch: 1,
+        capacity: 32768,
+        kv_heads: 8,
+        head_dim: 128,
+    };
+    let (a, g) = twin(KvCacheKind::UltraQuant, sh, &[32767], 1, 32768);
+    check_attention(&a, &g, 32, 7, "UltraQuant d=128 n=32768 GQA 4:1");
+}
