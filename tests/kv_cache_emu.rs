@@ -1,0 +1,189 @@
+//! Runs `kernels/ultraquant.cu` on the CPU through a host emulation and compares it with the
+//! CPU reference: a GPU-less check of the kernels' indexing, fragment layouts and data flow
+//! (see `tests/kv_cache_emu/emu.h` for what is emulated and how).
+//!
+//! Needs a C++20 compiler (`$CXX`, else `c++`); skipped with a message when there is none.
+//! Ignored by default (about a minute on two cores):
+//! `cargo test --test kv_cache_emu -- --ignored --nocapture`.
+//!
+//! Cases: head_dim 64/128/256 × (kv_heads, group) ∈ {(3, 4), (2, 6), (1, 1), (4, 3), (2, 9)},
+//! batch 2 with lengths 39 and 82 (prompts by `append_seq`, then two batch appends), splits
+//! 1, 2 and 5, UltraQuant and BF16 caches.
+
+mod kv_cache_common;
+
+use candle_core::{Device, Tensor};
+use candle_fp4::kv_cache::{CacheShape, KvCache, KvCacheKind};
+use half::bf16;
+use kv_cache_common::*;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use std::path::Path;
+use std::process::Command;
+
+fn write<T: Copy>(path: &Path, x: &[T]) {
+    // SAFETY: plain-old-data slices (u8, u32, bf16) viewed as bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) };
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn host<T: candle_core::WithDType>(t: &Tensor) -> Vec<T> {
+    t.flatten_all().unwrap().to_vec1::<T>().unwrap()
+}
+
+/// Writes the cases (inputs of every append, CPU slots, read-back and attention outputs).
+fn dump_cases(dir: &Path) {
+    let cpu = Device::Cpu;
+    let mut index = String::new();
+    let mut id = 0;
+    for d in [64usize, 128, 256] {
+        for (kh, g) in [(3usize, 4usize), (2, 6), (1, 1), (4, 3), (2, 9)] {
+            let sh = CacheShape {
+                batch: 2,
+                capacity: 100,
+                kv_heads: kh,
+                head_dim: d,
+            };
+            let mut rng = StdRng::seed_from_u64((d * 31 + kh * 7 + g) as u64);
+            let mut uq = KvCache::new(KvCacheKind::UltraQuant, sh, &cpu).unwrap();
+            let mut bf = KvCache::new(KvCacheKind::Bf16, sh, &cpu).unwrap();
+            let p = |s: &str| dir.join(format!("c{id}_{s}.bin"));
+            let mut calls = 0;
+            let mut record = |uq: &KvCache,
+                              k: &[bf16],
+                              v: &[bf16],
+                              seq_base: usize,
+                              n_seq: usize,
+                              tokens: usize| {
+                let lens: Vec<u32> = uq.lens().iter().map(|&x| x as u32).collect();
+                write(&p(&format!("call{calls}_k")), k);
+                write(&p(&format!("call{calls}_v")), v);
+                write(&p(&format!("call{calls}_lens")), &lens);
+                index.push_str(&format!("call {id} {calls} {seq_base} {n_seq} {tokens}\n"));
+                calls += 1;
+            };
+            for (b, n) in [37usize, 80].into_iter().enumerate() {
+                let k = gaussian_bf16(&mut rng, n * kh * d, 2.0);
+                let v = gaussian_bf16(&mut rng, n * kh * d, 1.0);
+                record(&uq, &k, &v, b, 1, n);
+                let t = |x: &[bf16]| Tensor::from_slice(x, (n, kh, d), &cpu).unwrap();
+                uq.append_seq(b, &t(&k), &t(&v)).unwrap();
+                bf.append_seq(b, &t(&k), &t(&v)).unwrap();
+            }
+            for _ in 0..2 {
+                let k = gaussian_bf16(&mut rng, 2 * kh * d, 2.0);
+                let v = gaussian_bf16(&mut rng, 2 * kh * d, 1.0);
+                record(&uq, &k, &v, 0, 2, 1);
+                let t = |x: &[bf16]| Tensor::from_slice(x, (2, 1, kh, d), &cpu).unwrap();
+                uq.append(&t(&k), &t(&v)).unwrap();
+                bf.append(&t(&k), &t(&v)).unwrap();
+            }
+            let q = gaussian_bf16(&mut rng, 2 * kh * g * d, 1.0);
+            let qt = Tensor::from_slice(&q, (2, kh * g, d), &cpu).unwrap();
+            write(&p("q"), &q);
+            write(&p("ouq"), &host::<bf16>(&uq.decode_attention(&qt).unwrap()));
+            write(&p("obf"), &host::<bf16>(&bf.decode_attention(&qt).unwrap()));
+            let lens: Vec<u32> = uq.lens().iter().map(|&x| x as u32).collect();
+            write(&p("lens"), &lens);
+            let (KvCache::UltraQuant(u), KvCache::Bf16(b16)) = (&uq, &bf) else {
+                unreachable!()
+            };
+            write(&p("slots"), &host::<u8>(&u.slots().unwrap()));
+            write(&p("kvbf16"), &host::<bf16>(b16.storage()));
+            let (rk, rv) = uq.read_bf16(1).unwrap();
+            write(&p("rk"), &host::<bf16>(&rk));
+            write(&p("rv"), &host::<bf16>(&rv));
+            index.push_str(&format!("case {id} {d} {kh} {g} 2 100 {calls}\n"));
+            id += 1;
+        }
+    }
+    std::fs::write(dir.join("cases.txt"), index).unwrap();
+}
+
+/// The kernel source with its inline-asm section cut out and the dynamic shared memory
+/// declaration pointed at the emulator's buffer.
+fn emulated_source() -> String {
+    let src = include_str!("../kernels/ultraquant.cu");
+    let (start, end) = (
+        "// ---------------------------------------------------------------- PTX wrappers\n",
+        "// ---------------------------------------------------------------- end of PTX wrappers\n",
+    );
+    let a = src.find(start).expect("PTX wrappers section start");
+    let b = src.find(end).expect("PTX wrappers section end") + end.len();
+    let out = format!("{}{}", &src[..a], &src[b..]);
+    let decl = "extern __shared__ __align__(16) uint8_t smem[];";
+    assert!(
+        out.contains(decl),
+        "dynamic shared memory declaration changed"
+    );
+    out.replace(decl, "uint8_t* smem = emu_dyn_smem();")
+}
+
+#[test]
+#[ignore = "about a minute; run with --ignored"]
+fn kernels_match_cpu_under_emulation() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        println!("skipped: no C++ compiler `{cxx}`");
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kv_cache_emu");
+    std::fs::create_dir_all(dir.join("inc")).unwrap();
+    std::fs::write(dir.join("ultraquant_emu.cu"), emulated_source()).unwrap();
+    std::fs::write(
+        dir.join("ultraquant.cuh"),
+        include_str!("../kernels/ultraquant.cuh"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("emu.h"), include_str!("kv_cache_emu/emu.h")).unwrap();
+    std::fs::write(
+        dir.join("inc/cuda_bf16.h"),
+        include_str!("kv_cache_emu/cuda_bf16.h"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("harness.cpp"),
+        include_str!("kv_cache_emu/harness.cpp"),
+    )
+    .unwrap();
+    dump_cases(&dir);
+    let status = Command::new(&cxx)
+        .current_dir(&dir)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-ffp-contract=off",
+            "-Wno-unknown-pragmas",
+            "-include",
+            "emu.h",
+            "-I",
+            "inc",
+            "-I",
+            ".",
+        ])
+        .args([
+            "-x",
+            "c++",
+            "ultraquant_emu.cu",
+            "-x",
+            "c++",
+            "harness.cpp",
+            "-o",
+            "emu",
+            "-lpthread",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "compiling the emulator failed");
+    let out = Command::new(dir.join("emu"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "emulated kernels differ from the CPU:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,121 @@
+// Host emulation harness of kernels/ultraquant.cu (driven by tests/kv_cache_emu.rs): runs the
+// store, read-back, attention and combine kernels on reference cases dumped by the Rust test
+// and compares with the CPU results (store/read bit for bit; attention within one BF16 ulp
+// + 2^-13 max|o|, the tolerance of tests/kv_cache_gpu.rs).
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+#include <map>
+#include "emu.h"
+#include "ultraquant.cuh"
+
+#define DECL(name, P) extern "C" void name(P);
+DECL(cfp4_uq_store_d64, UqStoreParams) DECL(cfp4_uq_store_d128, UqStoreParams) DECL(cfp4_uq_store_d256, UqStoreParams)
+DECL(cfp4_uq_read_d64, UqReadParams) DECL(cfp4_uq_read_d128, UqReadParams) DECL(cfp4_uq_read_d256, UqReadParams)
+DECL(cfp4_kv_attn_uq_d64_nt1, KvAttnParams) DECL(cfp4_kv_attn_uq_d64_nt2, KvAttnParams)
+DECL(cfp4_kv_attn_uq_d128_nt1, KvAttnParams) DECL(cfp4_kv_attn_uq_d128_nt2, KvAttnParams) DECL(cfp4_kv_attn_uq_d256_nt1, KvAttnParams)
+DECL(cfp4_kv_attn_bf16_d64_nt1, KvAttnParams) DECL(cfp4_kv_attn_bf16_d64_nt2, KvAttnParams)
+DECL(cfp4_kv_attn_bf16_d128_nt1, KvAttnParams) DECL(cfp4_kv_attn_bf16_d128_nt2, KvAttnParams) DECL(cfp4_kv_attn_bf16_d256_nt1, KvAttnParams)
+DECL(cfp4_kv_combine, KvCombineParams)
+
+template <class T> std::vector<T> rd(const std::string& p) {
+    std::ifstream f(p, std::ios::binary); std::vector<char> b((std::istreambuf_iterator<char>(f)), {});
+    std::vector<T> v(b.size() / sizeof(T)); std::memcpy(v.data(), b.data(), b.size()); return v;
+}
+float bf(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+double ulp(double x) { x = std::fabs(x); if (x < 1.17549435e-38) return std::ldexp(1.0, -133); return std::ldexp(1.0, int(std::floor(std::log2(x))) - 7); }
+
+void attn_config(bool fp4, int d, int nt, int& nw, size_t& smem) {
+    nw = fp4 ? (d == 256 ? 4 : 8) : (d == 256 ? 2 : 4);
+    int nstage = fp4 ? 3 : 2; int slot = d + d / 16;
+    int gcd16 = slot % 16 == 0 ? 16 : slot % 8 == 0 ? 8 : 4;
+    int srow = fp4 ? (slot + (16 - gcd16) + 15) / 16 * 16 : 4 * d + 16;
+    int hc = 4 * nt; size_t stages = size_t(nw) * nstage * 16 * srow, redo = size_t(nw) * hc * d * 4;
+    smem = std::max(stages, redo) + hc * d * 4 + 2 * nw * hc * 4;
+}
+using AttnFn = void (*)(KvAttnParams);
+AttnFn attn_fn(bool fp4, int d, int nt) {
+    if (fp4) { if (d == 64) return nt == 1 ? cfp4_kv_attn_uq_d64_nt1 : cfp4_kv_attn_uq_d64_nt2;
+               if (d == 128) return nt == 1 ? cfp4_kv_attn_uq_d128_nt1 : cfp4_kv_attn_uq_d128_nt2; return cfp4_kv_attn_uq_d256_nt1; }
+    if (d == 64) return nt == 1 ? cfp4_kv_attn_bf16_d64_nt1 : cfp4_kv_attn_bf16_d64_nt2;
+    if (d == 128) return nt == 1 ? cfp4_kv_attn_bf16_d128_nt1 : cfp4_kv_attn_bf16_d128_nt2; return cfp4_kv_attn_bf16_d256_nt1;
+}
+
+int failures = 0;
+void compare_out(const char* what, const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+    double omax = 0; for (auto w : want) omax = std::max(omax, (double)std::fabs(bf(w)));
+    double worst = 0; size_t wi = 0; int exact = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        double x = bf(got[i]), y = bf(want[i]);
+        double tol = ulp(std::max(std::fabs(x), std::fabs(y))) + omax * std::ldexp(1.0, -13);
+        double r = std::fabs(x - y) / tol; if (r > worst) { worst = r; wi = i; } exact += got[i] == want[i];
+    }
+    printf("  %-28s worst %.3f of tolerance (elem %zu: %g vs %g), %d/%zu bit-equal%s\n", what, worst, wi, bf(got[wi]), bf(want[wi]), exact, want.size(), worst > 1 ? "  <-- FAIL" : "");
+    if (worst > 1) failures++;
+}
+
+int main(int argc, char** argv) {
+    std::ifstream cf("cases.txt"); std::string line;
+    std::map<int, std::vector<std::vector<int>>> calls;
+    int only = argc > 1 ? atoi(argv[1]) : -1;
+    while (std::getline(cf, line)) {
+        std::istringstream ss(line); std::string kind; ss >> kind;
+        if (kind == "call") { int id, ci, sb, ns, tok; ss >> id >> ci >> sb >> ns >> tok; calls[id].push_back({ci, sb, ns, tok}); continue; }
+        int id, d, kh, g, batch, cap, nc; ss >> id >> d >> kh >> g >> batch >> cap >> nc;
+        if (only >= 0 && id != only) continue;
+        printf("case %d: d=%d kv_heads=%d group=%d\n", id, d, kh, g);
+        std::string p = "c" + std::to_string(id);
+        int slot = d + d / 16; size_t nbytes = size_t(batch) * cap * kh * slot;
+        std::vector<uint8_t> cache(nbytes + 16, 0);
+        for (auto& c : calls[id]) {
+            auto k = rd<uint16_t>(p + "_call" + std::to_string(c[0]) + "_k.bin");
+            auto v = rd<uint16_t>(p + "_call" + std::to_string(c[0]) + "_v.bin");
+            auto lb = rd<uint32_t>(p + "_call" + std::to_string(c[0]) + "_lens.bin");
+            UqStoreParams sp{cache.data(), k.data(), v.data(), lb.data(), 0.156f, c[1], c[2], c[3], kh, cap, d, 0};
+            unsigned warps = c[2] * c[3] * kh; unsigned block = 64;
+            auto fn = d == 64 ? cfp4_uq_store_d64 : d == 128 ? cfp4_uq_store_d128 : cfp4_uq_store_d256;
+            emu_launch(fn, dim3{(warps + block / 32 - 1) / (block / 32), 1, 1}, block, 0, sp);
+        }
+        auto slots = rd<uint8_t>(p + "_slots.bin");
+        size_t diff = 0; for (size_t i = 0; i < nbytes; ++i) diff += slots[i] != cache[i];
+        printf("  store: %zu of %zu bytes differ%s\n", diff, nbytes, diff ? "  <-- FAIL" : ""); if (diff) failures++;
+        auto lens = rd<uint32_t>(p + "_lens.bin");
+        {
+            int cnt = lens[1]; std::vector<uint16_t> out(2 * size_t(cnt) * kh * d);
+            UqReadParams rp{cache.data(), out.data(), 1, 0, cnt, kh, cap, d};
+            auto fn = d == 64 ? cfp4_uq_read_d64 : d == 128 ? cfp4_uq_read_d128 : cfp4_uq_read_d256;
+            unsigned warps = cnt * kh; emu_launch(fn, dim3{(warps + 1) / 2, 1, 1}, 64, 0, rp);
+            auto rk = rd<uint16_t>(p + "_rk.bin"), rv = rd<uint16_t>(p + "_rv.bin");
+            size_t dk = 0, dv = 0; for (size_t i = 0; i < rk.size(); ++i) { dk += out[i] != rk[i]; dv += out[rk.size() + i] != rv[i]; }
+            printf("  read: K %zu, V %zu of %zu differ%s\n", dk, dv, rk.size(), dk + dv ? "  <-- FAIL" : ""); if (dk + dv) failures++;
+        }
+        auto q = rd<uint16_t>(p + "_q.bin"); int qh = kh * g;
+        auto kvb = rd<uint16_t>(p + "_kvbf16.bin");
+        for (int fp4 = 1; fp4 >= 0; --fp4) {
+            auto want = rd<uint16_t>(p + (fp4 ? "_ouq.bin" : "_obf.bin"));
+            int nt = (g <= 4 || d == 256) ? 1 : 2; int chunks = (g + 4 * nt - 1) / (4 * nt);
+            int nw; size_t smem; attn_config(fp4, d, nt, nw, smem);
+            for (int splits : {1, 2, 5}) {
+                std::vector<uint16_t> out(size_t(batch) * qh * d, 0xFFFF);
+                std::vector<float> po(size_t(batch) * qh * splits * d), pm(size_t(batch) * qh * splits * 2);
+                size_t half = kvb.size() / 2;
+                KvAttnParams ap{q.data(), fp4 ? (const void*)cache.data() : (const void*)kvb.data(), fp4 ? nullptr : (const void*)(kvb.data() + half),
+                                lens.data(), out.data(), po.data(), pm.data(), 1.4426950408889634f / std::sqrt(float(d)), qh, kh, g, cap, splits, d, 0};
+                emu_launch(attn_fn(fp4, d, nt), dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, nw * 32, smem, ap);
+                if (splits > 1) {
+                    KvCombineParams cp{po.data(), pm.data(), out.data(), qh, splits, d, 0};
+                    emu_launch(cfp4_kv_combine, dim3{unsigned(qh), unsigned(batch), 1}, 128, 0, cp);
+                }
+                char what[64]; snprintf(what, 64, "%s attention splits=%d", fp4 ? "uq" : "bf16", splits);
+                compare_out(what, out, want);
+            }
+        }
+    }
+    printf("%s (%d failures)\n", failures ? "FAILED" : "ALL OK", failures);
+    return failures != 0;
+}
