@@ -116,6 +116,21 @@ struct Row {
 fn main() -> R<()> {
     let dev = Device::new_cuda(0)?;
     let quick = std::env::var("CFP4_BENCH_QUICK").is_ok();
+    if std::env::var("CFP4_BENCH_PROBE").is_ok() {
+        // One shape, eager, for profilers (ncu): 28672x4096 silu, M = 1.
+        let (n, k) = (28672, 4096);
+        let (np, sp) = swizzled_shape(n, k / 16);
+        let c = Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)?;
+        let s = Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)?;
+        let x = Tensor::randn(0f32, 1.0, (1, k), &dev)?.to_dtype(DType::BF16)?;
+        for _ in 0..5 {
+            nvfp4_gemv_with(&x, &c, &s, 0.01, &GemvOptions { silu_mul: true, ..Default::default() })?;
+            let w = Tensor::randn(0f32, 0.02, (n, k), &dev)?.to_dtype(DType::BF16)?;
+            bf16_gemv_with(&x, &w, &GemvOptions { silu_mul: true, ..Default::default() })?;
+        }
+        dev.synchronize()?;
+        return Ok(());
+    }
     let copy = copy_bandwidth(&dev)?;
     println!("device-to-device copy: {copy:.0} GB/s (read + write)");
     let shapes: Vec<(usize, usize, bool)> = if quick {

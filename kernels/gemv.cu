@@ -100,34 +100,63 @@ struct Rows {
     }
 };
 
+// Per-tile row pointers of this thread, so a stage load is one add per address.
+template <bool FP4>
+struct RowPtrs {
+    const uint8_t* w[2];  // start of row g / g+8 (bytes)
+    const uint8_t* s[2];  // FP4: this row's scale bytes of chunk 0 (add chunk * 1024)
+    bool ok[2];
+};
+
 template <bool FP4, bool SILU>
-__device__ __forceinline__ void load_stage(const GemvParams& p, const Rows<FP4, SILU>& rows, int chunk, bool tail,
-                                           int t, Stage<FP4>& st) {
+__device__ __forceinline__ RowPtrs<FP4> row_ptrs(const GemvParams& p, int tile, int g) {
+    const Rows<FP4, SILU> rows(p, tile, g);
+    RowPtrs<FP4> rp;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const uint32_t row = uint32_t(rows.row[r]);
+        rp.ok[r] = rows.ok[r];
+        if (FP4) {
+            rp.w[r] = static_cast<const uint8_t*>(p.w) + size_t(row) * (p.k / 2);
+            // swizzled_offset(row, s, sp) with the s-dependent part added per chunk:
+            // s = 8*chunk + 2t -> (s/4)*512 = chunk*1024 + (t/2)*512, s%4 = 2*(t%2).
+            rp.s[r] = p.scales + size_t((row >> 7) * uint32_t(p.sp >> 2)) * 512u + (row & 31u) * 16u + ((row & 127u) >> 5) * 4u;
+        } else {
+            rp.w[r] = static_cast<const uint8_t*>(p.w) + size_t(row) * p.k * 2;
+            rp.s[r] = nullptr;
+        }
+    }
+    return rp;
+}
+
+template <bool FP4>
+__device__ __forceinline__ void load_stage(const RowPtrs<FP4>& rp, int chunk, bool tail, int t, Stage<FP4>& st) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (FP4) {
-            const uint8_t* base = static_cast<const uint8_t*>(p.w) + size_t(rows.row[r]) * (p.k / 2) + chunk * (CHUNK / 2);
+            const uint8_t* base = rp.w[r] + chunk * (CHUNK / 2);
+            const uint8_t* sb = rp.s[r] + chunk * 1024;
             st.w[r][0] = make_uint4(0, 0, 0, 0);
             st.sc[r] = 0;
-            if (rows.ok[r]) {
+            if (rp.ok[r]) {
                 if (!tail) {
                     st.w[r][0] = ld_stream_v4(base + t * 16);
-                    const uint8_t* s = p.scales + swizzled_offset(rows.row[r], chunk * 8 + 2 * t, p.sp);
-                    st.sc[r] = __ldg(reinterpret_cast<const unsigned short*>(s));
+                    st.sc[r] = __ldg(reinterpret_cast<const unsigned short*>(sb + (t >> 1) * 512 + (t & 1) * 2));
                 } else {
+                    // 64-wide tail: thread t holds k = 16t .. 16t+15, scale column 8*chunk + t.
                     const uint2 v = ld_stream_v2(base + t * 8);
                     st.w[r][0] = make_uint4(v.x, v.y, 0, 0);
-                    st.sc[r] = __ldg(p.scales + swizzled_offset(rows.row[r], chunk * 8 + t, p.sp));
+                    st.sc[r] = __ldg(sb + t);
                 }
             }
         } else {
-            const __nv_bfloat16* base = static_cast<const __nv_bfloat16*>(p.w) + size_t(rows.row[r]) * p.k + chunk * CHUNK;
+            const uint8_t* base = rp.w[r] + chunk * (CHUNK * 2);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 st.w[r][q] = make_uint4(0, 0, 0, 0);
-                const bool in = rows.ok[r] && (!tail || q < 2);
+                const bool in = rp.ok[r] && (!tail || q < 2);
                 // tail: 16 bf16 of this thread at k = chunk*128 + 16t
-                const int off = tail ? t * 16 + q * 8 : t * 32 + q * 8;
+                const int off = tail ? t * 32 + q * 16 : t * 64 + q * 16;
                 if (in) st.w[r][q] = ld_stream_v4(base + off);
             }
         }
@@ -266,32 +295,42 @@ __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
     const int per = (nchunks + WARPS - 1) / WARPS;
     const int my_tiles = int(blockIdx.x) < p.n_tiles ? (p.n_tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
     const int items = my_tiles * per;
-    auto tile_of = [&](int i) { return int(blockIdx.x) + (i / per) * int(gridDim.x); };
-    auto chunk_of = [&](int i) { return warp + (i % per) * WARPS; };
+
+    // Load cursor (tile, local item li, chunk = warp + li*WARPS), advanced without division.
+    int lt = blockIdx.x, li = 0;
+    RowPtrs<FP4> lrp = row_ptrs<FP4, SILU>(p, lt, g);
+    auto advance_load = [&]() {
+        if (++li == per) {
+            li = 0;
+            lt += gridDim.x;
+            lrp = row_ptrs<FP4, SILU>(p, lt, g);
+        }
+    };
 
     griddep_launch_dependents();
     Stage<FP4> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        const int c = chunk_of(u);
-        if (u < items && c < nchunks) load_stage<FP4, SILU>(p, Rows<FP4, SILU>(p, tile_of(u), g), c, c == nfull, t, st[u]);
+        const int c = warp + li * WARPS;
+        if (u < items && c < nchunks) load_stage<FP4>(lrp, c, c == nfull, t, st[u]);
+        advance_load();
     }
     griddep_wait();  // x is written by the previous kernel
 
     Acc<NT> acc;
     acc.zero();
+    int ct = blockIdx.x, ci = 0, tile_no = 0;  // compute cursor
     for (int i0 = 0; i0 < items; i0 += U) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int i = i0 + u;
-            if (i >= items) break;
-            const int c = chunk_of(i);
+            if (i0 + u >= items) break;
+            const int c = warp + ci * WARPS;
             if (c < nchunks) compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
-            const int in = i + U, cn = chunk_of(in);
-            if (in < items && cn < nchunks)
-                load_stage<FP4, SILU>(p, Rows<FP4, SILU>(p, tile_of(in), g), cn, cn == nfull, t, st[u]);
-            if (i % per == per - 1) {  // this warp's share of the tile is done
-                const int buf = (i / per) & 1;
+            const int cn = warp + li * WARPS;
+            if (i0 + u + U < items && cn < nchunks) load_stage<FP4>(lrp, cn, cn == nfull, t, st[u]);
+            advance_load();
+            if (++ci == per) {  // this warp's share of tile ct is done
+                const int buf = tile_no & 1;
 #pragma unroll
                 for (int j = 0; j < NT; ++j) red[buf][warp][j][lane] = acc.sum(j);
                 acc.zero();
@@ -308,8 +347,11 @@ __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
                         red[buf][0][j][lane] = s;
                     }
                     __syncwarp();
-                    epilogue<NT, SILU, FP4>(p, Rows<FP4, SILU>(p, tile_of(i), g), red[buf][0], lane, t);
+                    epilogue<NT, SILU, FP4>(p, Rows<FP4, SILU>(p, ct, g), red[buf][0], lane, t);
                 }
+                ci = 0;
+                ct += gridDim.x;
+                ++tile_no;
             }
         }
     }
@@ -326,6 +368,7 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
     const int tile = blockIdx.x / SPLIT;
     const int rank = int(blockIdx.x % SPLIT);
     const Rows<FP4, SILU> rows(p, tile, g);
+    const RowPtrs<FP4> rp = row_ptrs<FP4, SILU>(p, tile, g);
     const int nfull = p.k / CHUNK;
     const int nchunks = nfull + ((p.k % CHUNK) != 0 ? 1 : 0);
     constexpr int NW = SPLIT * WARPS;
@@ -336,7 +379,7 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int c = worker + u * NW;
-        if (c < nchunks) load_stage<FP4, SILU>(p, rows, c, c == nfull, t, st[u]);
+        if (c < nchunks) load_stage<FP4>(rp, c, c == nfull, t, st[u]);
     }
     griddep_wait();
 
@@ -349,7 +392,7 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
             if (c < nchunks) {
                 compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
                 const int cn = c + U * NW;
-                if (cn < nchunks) load_stage<FP4, SILU>(p, rows, cn, cn == nfull, t, st[u]);
+                if (cn < nchunks) load_stage<FP4>(rp, cn, cn == nfull, t, st[u]);
             }
         }
     }
