@@ -244,10 +244,10 @@ fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
     (nw, smem)
 }
 
-/// Splits per (sequence, KV head): about two CTAs per SM in one wave, each CTA at least two
-/// 16-token tiles per warp.
-fn auto_splits(max_len: usize, base_ctas: usize, sms: usize, nw: usize) -> usize {
-    let target = (2 * sms).div_ceil(base_ctas.max(1));
+/// Splits per (sequence, KV head): as many CTAs as fit on the GPU at once (one full wave:
+/// `floor(resident / base)` splits), but at least two 16-token tiles per warp.
+fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize) -> usize {
+    let target = resident_ctas / base_ctas.max(1);
     let by_len = max_len.div_ceil(32 * nw);
     target.min(by_len).clamp(1, MAX_SPLITS)
 }
@@ -287,15 +287,31 @@ pub(crate) fn kv_attention_cuda(
     if smem > optin as usize {
         bail!("{OP}: the head_dim {d} kernel needs {smem} bytes of shared memory, this GPU allows {optin}")
     }
-    let max_len = op.lens.iter().copied().max().unwrap_or(0);
-    let splits = match op.opts.splits {
-        Some(s) => s.clamp(1, MAX_SPLITS),
-        None => auto_splits(max_len, sh.batch * sh.kv_heads * chunks, loaded.sms, nw),
-    };
     let tag = if fp4 { "uq" } else { "bf16" };
     let f = loaded
         .function(&format!("cfp4_kv_attn_{tag}_d{d}_nt{nt}"))?
         .0;
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
+    let max_len = op.lens.iter().copied().max().unwrap_or(0);
+    let splits = match op.opts.splits {
+        Some(s) => s.clamp(1, MAX_SPLITS),
+        None => {
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor((nw * 32) as u32, smem, None)
+                .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
+                .max(1) as usize;
+            auto_splits(
+                max_len,
+                sh.batch * sh.kv_heads * chunks,
+                per_sm * loaded.sms,
+                nw,
+            )
+        }
+    };
 
     let (qa, qb) = range(OP, "q", lq)?;
     if qb - qa != sh.batch * op.q_heads * d {

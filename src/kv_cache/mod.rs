@@ -114,8 +114,9 @@ impl CacheShape {
 /// Launch options of decode attention (CUDA only; the CPU ignores them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
-    /// Token-range splits per (sequence, KV head); `None` = heuristic (enough CTAs for two
-    /// per SM, at least 256 tokens each). Clamped to `1..=1024`.
+    /// Token-range splits per (sequence, KV head); `None` = heuristic (as many CTAs as are
+    /// resident at once on the GPU, at least two 16-token tiles per warp). Clamped to
+    /// `1..=1024`.
     pub splits: Option<usize>,
 }
 
