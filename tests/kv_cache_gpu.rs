@@ -1,9 +1,10 @@
 //! KV caches on the GPU against the CPU reference (feature `cuda`, needs a GPU).
 //!
 //! * Store: the CUDA slots equal the CPU slots bit for bit, and so does the read-back.
+//! * Errors for tensors on the wrong device and head_dim the kernels lack.
 //! * Decode attention, UltraQuant and BF16 caches, against the CPU forward on the same K/V:
 //!   head_dim 64/128/256, contexts 1, 17, 97, 4097 (and 32768 for one configuration),
-//!   batch 1 and 3 with different lengths, GQA 4:1 (plus 1:1, 3:1, 8:1), split counts
+//!   batch 1 and 3 with different lengths, GQA 4:1 (plus 1:1, 3:1, 8:1, 20:1), split counts
 //!   forced to 1 (the kernel writes the output) and to several (partials + combine).
 //!
 //! Tolerance GPU vs CPU: both approximate the same attention. The CPU forward is f32 (error
@@ -233,4 +234,29 @@ fn attention_long_context() {
     };
     let (a, g) = twin(KvCacheKind::UltraQuant, sh, &[32767], 1, 32768);
     check_attention(&a, &g, 32, 7, "UltraQuant d=128 n=32768 GQA 4:1");
+}
+
+#[test]
+fn wrong_device_is_an_error() {
+    for kind in [KvCacheKind::UltraQuant, KvCacheKind::Bf16] {
+        let sh = CacheShape {
+            batch: 1,
+            capacity: 8,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let mut g = KvCache::new(kind, sh, &gpu()).unwrap();
+        let host = Tensor::zeros((1, 2, 2, 64), DType::BF16, &Device::Cpu).unwrap();
+        let e = g.append(&host, &host).unwrap_err().to_string();
+        assert!(e.contains("cache is on"), "{kind:?}: {e}");
+        assert_eq!(g.lens(), &[0]);
+        let dev = Tensor::zeros((1, 2, 2, 64), DType::BF16, &gpu()).unwrap();
+        g.append(&dev, &dev).unwrap();
+        let q = Tensor::zeros((1, 4, 64), DType::BF16, &Device::Cpu).unwrap();
+        assert!(g.decode_attention(&q).is_err(), "{kind:?}: q on the CPU");
+        assert!(
+            KvCache::new(kind, CacheShape { head_dim: 32, ..sh }, &gpu()).is_err(),
+            "head_dim 32 on CUDA"
+        );
+    }
 }
