@@ -212,12 +212,12 @@ fn main() -> R<()> {
         let scales: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
         for m in [1usize, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
-            for split in [1usize, 2, 4, 8] {
-                let o = GemvOptions { silu_mul: silu, pdl: true, split: Some(split), ..Default::default() };
+            for (split, xs) in [(1usize, false), (1, true), (2, false), (4, false)] {
+                let o = GemvOptions { silu_mul: silu, pdl: true, split: Some(split), x_in_smem: Some(xs), ..Default::default() };
                 let f = |i: usize| nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ());
                 match gpu_time(&dev, (sets * 4).max(32), 9, f) {
-                    Ok(ms) => sweep.push(format!("{n}x{k} m={m} split={split}: {:.2} us ({:.0} GB/s)", ms * 1e3, fp4_bytes as f64 / (ms * 1e-3) / 1e9)),
-                    Err(e) => sweep.push(format!("{n}x{k} m={m} split={split}: {e}")),
+                    Ok(ms) => sweep.push(format!("{n}x{k} m={m} split={split} x_in_smem={xs}: {:.2} us ({:.0} GB/s)", ms * 1e3, fp4_bytes as f64 / (ms * 1e-3) / 1e9)),
+                    Err(e) => sweep.push(format!("{n}x{k} m={m} split={split} x_in_smem={xs}: {e}")),
                 }
             }
         }

@@ -187,9 +187,14 @@ struct Acc {
 // Multiplies one stage into the accumulators. Word w (8 k values) of a row gives 4 A
 // registers (pairs), feeding two MMAs; x is read (L1-resident after the first CTA on
 // the SM) for the same k in the same pairing, all loads of the chunk issued first.
-template <int NT, bool FP4>
+// x staged in shared memory (XS variants): [token][chunk][16 pieces of 8 bf16], pieces in
+// the weights' pair order, at a swizzled index so the 8 threads of a 16-byte
+// shared-memory phase (two tokens x four t) hit 8 different bank groups.
+__device__ __forceinline__ int xs_piece(int piece, int tok) { return piece ^ (piece >> 3) ^ ((tok & 1) << 1); }
+
+template <int NT, bool FP4, bool XS>
 __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, const Stage<FP4>& st,
-                                              Acc<NT>& acc, int set0, int g, int t) {
+                                              Acc<NT>& acc, int set0, int g, int t, const uint4* xs, int nchunks) {
     const int nwords = tail ? 2 : 4;
     uint4 xl[NT][4];
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
@@ -200,8 +205,12 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             xl[j][w] = make_uint4(0, 0, 0, 0);
-            if (tok < p.m && (!tail || w < 2))
-                xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
+            if (tok < p.m && (!tail || w < 2)) {
+                if (XS)
+                    xl[j][w] = xs[(tok * nchunks + chunk) * 16 + xs_piece(tail ? 2 * t + w : 4 * t + w, tok)];
+                else
+                    xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
+            }
         }
     }
     uint32_t sc[2][2];
@@ -230,7 +239,7 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
         for (int j = 0; j < NT; ++j) {
             uint32_t b[4];
             const uint32_t nat[4] = {xl[j][w].x, xl[j][w].y, xl[j][w].z, xl[j][w].w};
-            if (FP4) {
+            if (FP4 && !XS) {
                 pair_like_weights(nat, b);
             } else {
 #pragma unroll
@@ -284,10 +293,11 @@ __host__ __device__ constexpr int stages() { return FP4 ? (NT == 4 ? 3 : 6) : (N
 // (chunks w, w + WARPS, ...; items past the last chunk are empty), keeping U items in
 // flight across tile boundaries so the pipeline never drains between tiles. At the end
 // of a tile the warps meet in shared memory (double-buffered) and warp 0 writes it.
-template <int NT, bool SILU, bool FP4>
+template <int NT, bool SILU, bool FP4, bool XS>
 __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
     constexpr int U = stages<NT, FP4>();
     __shared__ float4 red[2][WARPS][NT][32];
+    extern __shared__ uint4 xs_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t = lane & 3;
     const int nfull = p.k / CHUNK;
@@ -316,6 +326,29 @@ __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
         advance_load();
     }
     griddep_wait();  // x is written by the previous kernel
+    if (XS) {
+        // The whole x, once per CTA (reused by every tile it owns).
+        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+        const int per_tok = nchunks * 16;
+        for (int idx = threadIdx.x; idx < p.m * per_tok; idx += THREADS) {
+            const int tok = idx / per_tok, rem = idx % per_tok;
+            const int c = rem / 16, piece = rem % 16;
+            const int kpos = c * CHUNK + piece * 8;
+            uint32_t v[4] = {0, 0, 0, 0};
+            if (kpos < p.k) {
+                const uint4 q = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kpos));
+                const uint32_t nat[4] = {q.x, q.y, q.z, q.w};
+                if (FP4) {
+                    pair_like_weights(nat, v);
+                } else {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) v[r] = nat[r];
+                }
+            }
+            xs_smem[(tok * nchunks + c) * 16 + xs_piece(piece, tok)] = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+        __syncthreads();
+    }
 
     Acc<NT> acc;
     acc.zero();
@@ -325,7 +358,8 @@ __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
         for (int u = 0; u < U; ++u) {
             if (i0 + u >= items) break;
             const int c = warp + ci * WARPS;
-            if (c < nchunks) compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
+            if (c < nchunks)
+                compute_stage<NT, FP4, XS>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t, xs_smem, nchunks);
             const int cn = warp + li * WARPS;
             if (i0 + u + U < items && cn < nchunks) load_stage<FP4>(lrp, cn, cn == nfull, t, st[u]);
             advance_load();
@@ -390,7 +424,7 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u * NW;
             if (c < nchunks) {
-                compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
+                compute_stage<NT, FP4, false>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t, nullptr, nchunks);
                 const int cn = c + U * NW;
                 if (cn < nchunks) load_stage<FP4>(rp, cn, cn == nfull, t, st[u]);
             }
@@ -432,10 +466,10 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
     if (rank == 0 && warp == 0) epilogue<NT, SILU, FP4>(p, rows, red[0], lane, t);
 }
 
-template <int NT, int SPLIT, bool SILU, bool FP4>
+template <int NT, int SPLIT, bool SILU, bool FP4, bool XS>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     if constexpr (SPLIT == 1) {
-        gemv_persistent<NT, SILU, FP4>(p);
+        gemv_persistent<NT, SILU, FP4, XS>(p);
     } else {
         gemv_split<NT, SPLIT, SILU, FP4>(p);
     }
@@ -447,9 +481,13 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 // SM for the light variants, 3 or 2 for the heavier ones.
 constexpr int min_blocks(int nt, bool fp4) { return fp4 ? (nt <= 2 ? 4 : 2) : (nt <= 2 ? 3 : 2); }
 
+// Split-1 kernels also exist as NAME_xs: x staged once per CTA in dynamic shared memory.
 #define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                                 \
     extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME(const __grid_constant__ GemvParams p) { \
-        gemv_body<NT, SPLIT, SILU, FP4>(p);                                                                      \
+        gemv_body<NT, SPLIT, SILU, FP4, false>(p);                                                               \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME##_xs(const __grid_constant__ GemvParams p) { \
+        if constexpr (SPLIT == 1) gemv_body<NT, SPLIT, SILU, FP4, true>(p);                                      \
     }
 
 #define CFP4_GEMV_SPLITS(NT, SILU, FP4, TAG)                                \

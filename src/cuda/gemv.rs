@@ -14,6 +14,8 @@ unsafe impl DeviceRepr for GemvParams {}
 unsafe impl DeviceRepr for DequantParams {}
 
 const THREADS: u32 = GEMV_BLOCK;
+/// Largest x staging buffer (dynamic shared memory) of the `_xs` kernels.
+const XS_MAX: usize = 96 * 1024;
 
 fn contiguous_range(op: &str, what: &str, l: &Layout) -> Result<(usize, usize)> {
     match l.contiguous_offsets() {
@@ -74,7 +76,18 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         (false, false) => "bf16",
         (false, true) => "bf16silu",
     };
-    let (f, occ) = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}"))?;
+    // x in shared memory (split-1 kernels): every token's K values, 256 B per chunk.
+    let xs_bytes = m * nchunks * 256;
+    let xs_fits = split == 1 && nt <= 2 && xs_bytes <= XS_MAX;
+    let xs = match opts.x_in_smem {
+        Some(true) if !xs_fits => {
+            bail!("{op}: x ({xs_bytes} B) cannot be staged in shared memory with nt = {nt}, split = {split}")
+        }
+        Some(v) => v,
+        None => xs_fits,
+    };
+    let suffix = if xs { "_xs" } else { "" };
+    let (f, occ) = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}{suffix}"))?;
     // Split 1 is persistent: as many CTAs as fit at once, each looping over row tiles.
     let grid = if split == 1 { tiles.min(loaded.sms * occ as usize) } else { tiles * split };
     let mut out = unsafe { dev.alloc::<bf16>(m * n_out)? };
@@ -99,7 +112,7 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         block: THREADS,
         cluster: split as u32,
         pdl: opts.pdl && image.has_sm90_features(),
-        smem: 0,
+        smem: if xs { xs_bytes as u32 } else { 0 },
     };
     match w {
         W::Fp4 { codes, lc, scales, ls, .. } => {

@@ -114,6 +114,9 @@ pub struct GemvOptions {
     pub split: Option<usize>,
     /// Kernel image.
     pub image: KernelImage,
+    /// Stage x once per CTA in shared memory (split 1, nt ≤ 2, when it fits in 96 KiB)
+    /// instead of reading it through L1 per chunk; `None` = whenever it fits.
+    pub x_in_smem: Option<bool>,
 }
 
 impl GemvOptions {
