@@ -353,13 +353,16 @@ impl Llama {
     }
 
     /// Empties the KV cache.
-    pub fn reset(&mut self) {
-        self.caches.iter_mut().for_each(|c| c.truncate(0));
+    pub fn reset(&mut self) -> Result<()> {
+        for c in &mut self.caches {
+            c.reset()?;
+        }
+        Ok(())
     }
 
     /// Runs `tokens` at positions `position..position + tokens.len()` and returns the
-    /// logits of the last one, F32 `[vocab]`. `position` must be at most the number of
-    /// cached tokens (a smaller one rewinds the cache).
+    /// logits of the last one, F32 `[vocab]`. `position` is the number of cached tokens
+    /// (continue) or 0 (start over).
     pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
         let h = self.run(tokens, position)?;
         let last = h.narrow(0, h.dim(0)? - 1, 1)?;
@@ -410,7 +413,12 @@ impl Llama {
                 self.cfg.vocab_size
             );
         }
-        self.caches.iter_mut().for_each(|c| c.truncate(position));
+        if position != cached {
+            if position != 0 {
+                bail!("forward: position {position} would rewind the KV cache of {cached} tokens; only 0 (start over) or {cached} (continue) are supported");
+            }
+            self.reset()?;
+        }
         let mut outs = vec![];
         let mut pos = position;
         for chunk in tokens.chunks(self.prefill_chunk) {
@@ -498,16 +506,15 @@ fn attention(
         .apply(&heads(nh, nkv)?.unsqueeze(0)?, pos)?
         .squeeze(0)?;
     let v = heads(nh + nkv, nkv)?;
-    let (ka, va) = cache.append(&k, &v)?;
+    if t == 1 {
+        // Decode: the cache stores the token, then attends over everything it holds.
+        let y = cache.decode(&k, &v, &q)?; // [nh, hd] BF16
+        return b.o.forward(&y.reshape((1, nh * hd))?.to_dtype(dtype)?);
+    }
+    let (ka, va) = cache.prefill(&k, &v)?; // [nkv, l, hd] BF16
     let l = ka.dim(1)?;
     // Query heads h·n_rep..(h+1)·n_rep share KV head h: [nkv, n_rep·t, hd].
-    let mut q = q.reshape((nkv, n_rep * t, hd))?;
-    if let Some(r) = cache.q_rotation() {
-        q = q
-            .to_dtype(DType::F32)?
-            .broadcast_matmul(r)?
-            .to_dtype(dtype)?;
-    }
+    let q = q.reshape((nkv, n_rep * t, hd))?;
     let ka = ka.to_dtype(dtype)?.contiguous()?;
     let va = va.to_dtype(dtype)?.contiguous()?;
     let scale = 1.0 / (hd as f64).sqrt();

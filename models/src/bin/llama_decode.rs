@@ -60,6 +60,10 @@ struct Args {
     /// Context (KV-cache) length; default min(max_position_embeddings, 4096).
     #[arg(long)]
     max_seq_len: Option<usize>,
+    /// Keep generating past end-of-generation tokens (for benchmarks: exactly
+    /// --max-tokens tokens).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Threads for the CPU (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -131,7 +135,7 @@ fn run(args: Args) -> Result<()> {
     let t_decode = Instant::now();
     let mut decode_steps = 0usize;
     loop {
-        if tok.is_eos(next) {
+        if tok.is_eos(next) && !args.ignore_eos {
             stop_reason = "end of generation";
             break;
         }

@@ -40,7 +40,10 @@ struct Args {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Tokens pushed through the layers at once.
+    /// Write the text's token ids to this file (one per line) and exit.
+    #[arg(long)]
+    dump_ids: Option<PathBuf>,
+    /// Tokens pushed through the layers at once (1 = every token as in decode).
     #[arg(long, default_value_t = 32)]
     prefill_chunk: usize,
 }
@@ -62,6 +65,12 @@ fn run(a: Args) -> Result<()> {
     let mut model = Llama::load(&dir, &device, &opts)?;
     let tok = TextTokenizer::from_dir(&dir, model.config())?;
     let ids = tok.encode(&text, true)?;
+    if let Some(p) = &a.dump_ids {
+        let s: String = ids.iter().map(|i| format!("{i}\n")).collect();
+        std::fs::write(p, s).with_context(|| format!("cannot write {}", p.display()))?;
+        println!("wrote {} token ids to {}", ids.len(), p.display());
+        return Ok(());
+    }
     let mut windows: Vec<&[u32]> = ids.chunks_exact(a.ctx).collect();
     if windows.is_empty() {
         bail!(
@@ -77,7 +86,7 @@ fn run(a: Args) -> Result<()> {
     let t = Instant::now();
     let (mut nll, mut count) = (0f64, 0usize);
     for (i, w) in windows.iter().enumerate() {
-        model.reset();
+        model.reset()?;
         let logits = model.forward_all(w, 0)?; // [ctx, vocab]
         let lsm = candle_nn::ops::log_softmax(
             &logits.narrow(0, 0, w.len() - 1)?.to_dtype(DType::F32)?,
