@@ -24,8 +24,11 @@ use kv_cache_common::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+/// One CUDA device for the whole test binary: candle gives every `Device::new_cuda(0)`
+/// its own id, and tensors of different ids are (rightly) not on the same device.
 fn gpu() -> Device {
-    Device::new_cuda(0).expect("a CUDA device")
+    static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    DEV.get_or_init(|| Device::new_cuda(0).expect("these tests need a CUDA GPU")).clone()
 }
 
 /// The same appends to a CPU and a GPU cache: a prompt per sequence (`append_seq`), then

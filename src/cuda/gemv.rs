@@ -84,7 +84,8 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
             bail!("{op}: x ({xs_bytes} B) cannot be staged in shared memory with nt = {nt}, split = {split}")
         }
         Some(v) => v,
-        None => xs_fits,
+        // Off unless asked: slower on the H200 at every measured shape (docs/benchmarks.md).
+        None => false,
     };
     let suffix = if xs { "_xs" } else { "" };
     let (f, occ) = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}{suffix}"))?;

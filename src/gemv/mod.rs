@@ -115,7 +115,7 @@ pub struct GemvOptions {
     /// Kernel image.
     pub image: KernelImage,
     /// Stage x once per CTA in shared memory (split 1, nt ≤ 2, when it fits in 96 KiB)
-    /// instead of reading it through L1 per chunk; `None` = whenever it fits.
+    /// instead of reading it through L1 per chunk; `None` = off (slower on the H200).
     pub x_in_smem: Option<bool>,
 }
 
