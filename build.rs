@@ -13,11 +13,31 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const IMAGES: [(&str, &str, &str); 5] = [
-    ("sm90a.cubin", "-gencode=arch=compute_90a,code=sm_90a", "-cubin"),
-    ("sm100a.cubin", "-gencode=arch=compute_100a,code=sm_100a", "-cubin"),
-    ("sm80.cubin", "-gencode=arch=compute_80,code=sm_80", "-cubin"),
-    ("compute90.ptx", "-gencode=arch=compute_90,code=compute_90", "-ptx"),
-    ("compute80.ptx", "-gencode=arch=compute_80,code=compute_80", "-ptx"),
+    (
+        "sm90a.cubin",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-cubin",
+    ),
+    (
+        "sm100a.cubin",
+        "-gencode=arch=compute_100a,code=sm_100a",
+        "-cubin",
+    ),
+    (
+        "sm80.cubin",
+        "-gencode=arch=compute_80,code=sm_80",
+        "-cubin",
+    ),
+    (
+        "compute90.ptx",
+        "-gencode=arch=compute_90,code=compute_90",
+        "-ptx",
+    ),
+    (
+        "compute80.ptx",
+        "-gencode=arch=compute_80,code=compute_80",
+        "-ptx",
+    ),
 ];
 
 fn nvcc() -> PathBuf {
@@ -60,7 +80,10 @@ fn main() {
         }
     }
     // Run the nvcc jobs two at a time (the build machines have 2 cores).
-    let par = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(1);
+    let par = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(1);
     let mut failures = Vec::new();
     for batch in jobs.chunks_mut(par) {
         let handles: Vec<_> = batch

@@ -32,13 +32,19 @@ fn err(e: impl std::fmt::Debug) -> candle_core::Error {
 }
 
 /// Median GPU milliseconds per call of `f` (called `calls` times per graph replay).
-fn gpu_time(dev: &Device, calls: usize, replays: usize, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
+fn gpu_time(
+    dev: &Device,
+    calls: usize,
+    replays: usize,
+    mut f: impl FnMut(usize) -> R<()>,
+) -> R<f64> {
     let st = stream(dev);
     for i in 0..calls.min(8) {
         f(i)?; // warm-up: module load, cuBLAS handles
     }
     dev.synchronize()?;
-    st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(err)?;
+    st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(err)?;
     let mut res = Ok(());
     for i in 0..calls {
         if let Err(e) = f(i) {
@@ -46,7 +52,9 @@ fn gpu_time(dev: &Device, calls: usize, replays: usize, mut f: impl FnMut(usize)
             break;
         }
     }
-    let graph = st.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(err)?;
+    let graph = st
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(err)?;
     res?;
     let graph = graph.ok_or_else(|| err("empty graph"))?;
     graph.upload().map_err(err)?;
@@ -54,9 +62,13 @@ fn gpu_time(dev: &Device, calls: usize, replays: usize, mut f: impl FnMut(usize)
     dev.synchronize()?;
     let mut times = Vec::with_capacity(replays);
     for _ in 0..replays {
-        let a = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
+        let a = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
         graph.launch().map_err(err)?;
-        let b = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
+        let b = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
         b.synchronize().map_err(err)?;
         times.push(a.elapsed_ms(&b).map_err(err)? as f64 / calls as f64);
     }
@@ -88,9 +100,13 @@ fn copy_bandwidth(dev: &Device) -> R<f64> {
     st.memcpy_dtod(&a, &mut b).map_err(err)?;
     let mut t = Vec::new();
     for _ in 0..9 {
-        let e0 = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
+        let e0 = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
         st.memcpy_dtod(&a, &mut b).map_err(err)?;
-        let e1 = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
+        let e1 = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
         e1.synchronize().map_err(err)?;
         t.push(e0.elapsed_ms(&e1).map_err(err)? as f64);
     }
@@ -127,9 +143,25 @@ fn main() -> R<()> {
         let s = Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)?;
         let x = Tensor::randn(0f32, 1.0, (1, k), &dev)?.to_dtype(DType::BF16)?;
         for _ in 0..5 {
-            nvfp4_gemv_with(&x, &c, &s, 0.01, &GemvOptions { silu_mul: true, ..Default::default() })?;
+            nvfp4_gemv_with(
+                &x,
+                &c,
+                &s,
+                0.01,
+                &GemvOptions {
+                    silu_mul: true,
+                    ..Default::default()
+                },
+            )?;
             let w = Tensor::randn(0f32, 0.02, (n, k), &dev)?.to_dtype(DType::BF16)?;
-            bf16_gemv_with(&x, &w, &GemvOptions { silu_mul: true, ..Default::default() })?;
+            bf16_gemv_with(
+                &x,
+                &w,
+                &GemvOptions {
+                    silu_mul: true,
+                    ..Default::default()
+                },
+            )?;
         }
         dev.synchronize()?;
         return Ok(());
@@ -174,10 +206,17 @@ fn main() -> R<()> {
         }
         for &m in &ms_list {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
-            let opts = GemvOptions { silu_mul: silu, pdl: true, ..Default::default() };
+            let opts = GemvOptions {
+                silu_mul: silu,
+                pdl: true,
+                ..Default::default()
+            };
             let calls_fp4 = (sets_fp4 * 4).max(32);
             let calls_bf16 = (sets_bf16 * 4).max(32);
-            let fp4 = |i: usize| nvfp4_gemv_with(&x, &codes[i % sets_fp4], &scales[i % sets_fp4], 0.01, &opts).map(|_| ());
+            let fp4 = |i: usize| {
+                nvfp4_gemv_with(&x, &codes[i % sets_fp4], &scales[i % sets_fp4], 0.01, &opts)
+                    .map(|_| ())
+            };
             let bf = |i: usize| bf16_gemv_with(&x, &wb[i % sets_bf16], &opts).map(|_| ());
             let mm = |i: usize| x.matmul(&wb[i % sets_bf16].t()?).map(|_| ());
             let fp4_ms = gpu_time(&dev, calls_fp4, 15, fp4)?;
@@ -215,20 +254,42 @@ fn main() -> R<()> {
     }
     // Variant sweep: cluster split, NVFP4, a few shapes.
     let mut sweep = Vec::new();
-    for &(n, k, silu) in &[(4096usize, 4096usize, false), (28672, 4096, true), (128256, 4096, false)] {
+    for &(n, k, silu) in &[
+        (4096usize, 4096usize, false),
+        (28672, 4096, true),
+        (128256, 4096, false),
+    ] {
         let (np, sp) = swizzled_shape(n, k / 16);
         let fp4_bytes = n * k / 2 + np * sp;
         let sets = (256usize << 20).div_ceil(fp4_bytes).clamp(2, 64);
-        let codes: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
-        let scales: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
+        let codes: Vec<Tensor> = (0..sets)
+            .map(|_| Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8))
+            .collect::<R<_>>()?;
+        let scales: Vec<Tensor> = (0..sets)
+            .map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8))
+            .collect::<R<_>>()?;
         for m in [1usize, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
             for (split, xs) in [(1usize, false), (1, true), (2, false), (4, false)] {
-                let o = GemvOptions { silu_mul: silu, pdl: true, split: Some(split), x_in_smem: Some(xs), ..Default::default() };
-                let f = |i: usize| nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ());
+                let o = GemvOptions {
+                    silu_mul: silu,
+                    pdl: true,
+                    split: Some(split),
+                    x_in_smem: Some(xs),
+                    ..Default::default()
+                };
+                let f = |i: usize| {
+                    nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ())
+                };
                 match gpu_time(&dev, (sets * 4).max(32), 9, f) {
-                    Ok(ms) => sweep.push(format!("{n}x{k} m={m} split={split} x_in_smem={xs}: {:.2} us ({:.0} GB/s)", ms * 1e3, fp4_bytes as f64 / (ms * 1e-3) / 1e9)),
-                    Err(e) => sweep.push(format!("{n}x{k} m={m} split={split} x_in_smem={xs}: {e}")),
+                    Ok(ms) => sweep.push(format!(
+                        "{n}x{k} m={m} split={split} x_in_smem={xs}: {:.2} us ({:.0} GB/s)",
+                        ms * 1e3,
+                        fp4_bytes as f64 / (ms * 1e-3) / 1e9
+                    )),
+                    Err(e) => {
+                        sweep.push(format!("{n}x{k} m={m} split={split} x_in_smem={xs}: {e}"))
+                    }
                 }
             }
         }
@@ -241,15 +302,25 @@ fn main() -> R<()> {
     let (n, k) = (4096, 4096);
     let (np, sp) = swizzled_shape(n, k / 16);
     let sets = 32;
-    let codes: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
-    let scales: Vec<Tensor> = (0..sets).map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)).collect::<R<_>>()?;
+    let codes: Vec<Tensor> = (0..sets)
+        .map(|_| Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8))
+        .collect::<R<_>>()?;
+    let scales: Vec<Tensor> = (0..sets)
+        .map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8))
+        .collect::<R<_>>()?;
     let x0 = Tensor::randn(0f32, 1.0, (1, k), &dev)?.to_dtype(DType::BF16)?;
     let mut chain = Vec::new();
     for pdl in [false, true] {
         let ms = gpu_time(&dev, 1, 15, |_| {
             let mut y = x0.clone();
             for i in 0..128 {
-                y = nvfp4_gemv_with(&y, &codes[i % sets], &scales[i % sets], 1e-3, &GemvOptions::new(false, pdl))?;
+                y = nvfp4_gemv_with(
+                    &y,
+                    &codes[i % sets],
+                    &scales[i % sets],
+                    1e-3,
+                    &GemvOptions::new(false, pdl),
+                )?;
             }
             Ok(())
         })?;
@@ -281,7 +352,8 @@ fn main() -> R<()> {
                     .filter(|q| (q.n, q.k, q.silu) == (r.n, r.k, r.silu) && q.m >= lo && q.m <= hi)
                     .map(|q| if bf16 { q.bf16_vs_mm } else { q.fp4_vs_mm })
                     .collect();
-                if !sp.is_empty() && sp.iter().map(|v| v.ln()).sum::<f64>() / sp.len() as f64 > 0.0 {
+                if !sp.is_empty() && sp.iter().map(|v| v.ln()).sum::<f64>() / sp.len() as f64 > 0.0
+                {
                     nts.push(nt);
                 }
             }
@@ -299,7 +371,8 @@ fn main() -> R<()> {
     );
     if let Ok(out) = std::env::var("OUT") {
         let path = std::path::Path::new(&out).join("sm90.json");
-        std::fs::write(&path, &table).map_err(|e| err(format!("writing {}: {e}", path.display())))?;
+        std::fs::write(&path, &table)
+            .map_err(|e| err(format!("writing {}: {e}", path.display())))?;
         println!("tuned table written to {}", path.display());
     } else {
         println!("{table}");

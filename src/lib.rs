@@ -15,9 +15,9 @@
 //! * [`kv_cache`]: per-layer KV caches (UltraQuant FP4 or BF16, one enum) with decode
 //!   attention (CPU reference, CUDA split-KV flash decoding).
 
+pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod cuda;
-pub mod checkpoint;
 pub mod gemv;
 mod kernel_params;
 pub mod kv_cache;

@@ -289,7 +289,8 @@ mod tests {
 
     #[test]
     fn shipped_tables_parse() {
-        for arch in ["sm90"] {
+        {
+            let arch = "sm90";
             let t = TunedTable::from_json(embedded_table(arch).unwrap(), arch).unwrap();
             assert_eq!(t.arch, arch);
         }

@@ -21,7 +21,8 @@ type R<T> = candle_core::Result<T>;
 /// One CUDA device for the whole test binary (candle gives every `new_cuda(0)` its own id).
 fn gpu() -> Device {
     static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
-    DEV.get_or_init(|| Device::new_cuda(0).expect("these tests need a CUDA GPU")).clone()
+    DEV.get_or_init(|| Device::new_cuda(0).expect("these tests need a CUDA GPU"))
+        .clone()
 }
 
 /// Random NVFP4 layer: every code byte, scales spanning subnormal to 448 (swizzled, with

@@ -28,7 +28,8 @@ use rand::SeedableRng;
 /// its own id, and tensors of different ids are (rightly) not on the same device.
 fn gpu() -> Device {
     static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
-    DEV.get_or_init(|| Device::new_cuda(0).expect("these tests need a CUDA GPU")).clone()
+    DEV.get_or_init(|| Device::new_cuda(0).expect("these tests need a CUDA GPU"))
+        .clone()
 }
 
 /// The same appends to a CPU and a GPU cache: a prompt per sequence (`append_seq`), then

@@ -36,17 +36,32 @@ fn auto_split(tiles: usize, nchunks: usize, sms: usize) -> usize {
 }
 
 enum W<'a> {
-    Fp4 { codes: &'a CudaStorage, lc: &'a Layout, scales: &'a CudaStorage, ls: &'a Layout, gs: f32 },
-    Bf16 { w: &'a CudaStorage, lw: &'a Layout },
+    Fp4 {
+        codes: &'a CudaStorage,
+        lc: &'a Layout,
+        scales: &'a CudaStorage,
+        ls: &'a Layout,
+        gs: f32,
+    },
+    Bf16 {
+        w: &'a CudaStorage,
+        lw: &'a Layout,
+    },
 }
 
-fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> Result<(CudaStorage, Shape)> {
+fn run(
+    op: &str,
+    x: &CudaStorage,
+    lx: &Layout,
+    w: W<'_>,
+    opts: &GemvOptions,
+) -> Result<(CudaStorage, Shape)> {
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
     let (m, k) = lx.shape().dims2()?;
     let st = lx.stride();
     let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || lx.start_offset() % 8 != 0 || rs % 8 != 0 {
+    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
         bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
     }
     let cc = super::compute_capability(&dev)?;
@@ -55,7 +70,10 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
     let silu = opts.silu_mul;
     let nt = match opts.nt {
         Some(nt) => nt,
-        None => crate::tables::NT_CHOICES.into_iter().find(|nt| 8 * nt >= m).unwrap_or(4),
+        None => crate::tables::NT_CHOICES
+            .into_iter()
+            .find(|nt| 8 * nt >= m)
+            .unwrap_or(4),
     };
     let xsl = x.as_cuda_slice::<bf16>()?.slice(lx.start_offset()..);
     let (fp4, n, out_scale) = match &w {
@@ -63,10 +81,15 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         W::Bf16 { lw, .. } => (false, lw.shape().dims2()?.0, 1.0f32),
     };
     let n_out = if silu { n / 2 } else { n };
-    let tiles = if silu { (n / 2).div_ceil(8) } else { n.div_ceil(16) };
+    let tiles = if silu {
+        (n / 2).div_ceil(8)
+    } else {
+        n.div_ceil(16)
+    };
     let nchunks = k.div_ceil(128);
     let split = if image.has_sm90_features() {
-        opts.split.unwrap_or_else(|| auto_split(tiles, nchunks, loaded.sms))
+        opts.split
+            .unwrap_or_else(|| auto_split(tiles, nchunks, loaded.sms))
     } else {
         1
     };
@@ -90,7 +113,11 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
     let suffix = if xs { "_xs" } else { "" };
     let (f, occ) = loaded.function(&format!("cfp4_gemv_{tag}_nt{nt}_s{split}{suffix}"))?;
     // Split 1 is persistent: as many CTAs as fit at once, each looping over row tiles.
-    let grid = if split == 1 { tiles.min(loaded.sms * occ as usize) } else { tiles * split };
+    let grid = if split == 1 {
+        tiles.min(loaded.sms * occ as usize)
+    } else {
+        tiles * split
+    };
     let mut out = unsafe { dev.alloc::<bf16>(m * n_out)? };
     let (xp, _gx) = xsl.device_ptr(&stream);
     let (op_, _go) = out.device_ptr_mut(&stream);
@@ -116,7 +143,13 @@ fn run(op: &str, x: &CudaStorage, lx: &Layout, w: W<'_>, opts: &GemvOptions) -> 
         smem: if xs { xs_bytes as u32 } else { 0 },
     };
     match w {
-        W::Fp4 { codes, lc, scales, ls, .. } => {
+        W::Fp4 {
+            codes,
+            lc,
+            scales,
+            ls,
+            ..
+        } => {
             let (a, b) = contiguous_range(op, "weight", lc)?;
             let (sa, sb) = contiguous_range(op, "weight_scale", ls)?;
             if a % 16 != 0 || sa % 2 != 0 {
@@ -155,15 +188,32 @@ pub(crate) fn nvfp4_gemv_cuda(
     s: &CudaStorage,
     ls: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
-    let wt = W::Fp4 { codes: w, lc: lw, scales: s, ls, gs: op.global_scale };
+    let wt = W::Fp4 {
+        codes: w,
+        lc: lw,
+        scales: s,
+        ls,
+        gs: op.global_scale,
+    };
     run("nvfp4_gemv", x, lx, wt, &op.opts)
 }
 
-pub(crate) fn bf16_gemv_cuda(op: &Bf16Gemv, x: &CudaStorage, lx: &Layout, w: &CudaStorage, lw: &Layout) -> Result<(CudaStorage, Shape)> {
+pub(crate) fn bf16_gemv_cuda(
+    op: &Bf16Gemv,
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+) -> Result<(CudaStorage, Shape)> {
     run("bf16_gemv", x, lx, W::Bf16 { w, lw }, &op.opts)
 }
 
-pub(crate) fn dequantize_rows_cuda(w: &CudaStorage, lw: &Layout, s: &CudaStorage, ls: &Layout) -> Result<(CudaStorage, Shape)> {
+pub(crate) fn dequantize_rows_cuda(
+    w: &CudaStorage,
+    lw: &Layout,
+    s: &CudaStorage,
+    ls: &Layout,
+) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "dequantize_rows";
     let dev = w.device().clone();
     let stream = dev.cuda_stream();
@@ -174,7 +224,10 @@ pub(crate) fn dequantize_rows_cuda(w: &CudaStorage, lw: &Layout, s: &CudaStorage
     if a % 4 != 0 {
         bail!("{OP}: weight must start 4-byte aligned (offset {a})");
     }
-    let image = Image::select(super::compute_capability(&dev)?, crate::gemv::KernelImage::Auto)?;
+    let image = Image::select(
+        super::compute_capability(&dev)?,
+        crate::gemv::KernelImage::Auto,
+    )?;
     let (f, _) = module(&dev, KernelFile::Gemv, image)?.function("cfp4_dequantize_rows")?;
     let cs = w.as_cuda_slice::<u8>()?.slice(a..b);
     let ss = s.as_cuda_slice::<u8>()?.slice(sa..sb);
@@ -183,9 +236,23 @@ pub(crate) fn dequantize_rows_cuda(w: &CudaStorage, lw: &Layout, s: &CudaStorage
         let (cp, _g1) = cs.device_ptr(&stream);
         let (sp, _g2) = ss.device_ptr(&stream);
         let (op_, _g3) = out.device_ptr_mut(&stream);
-        let params = DequantParams { codes: cp, scales: sp, out: op_, n: n as i32, k: k as i32, sp: swizzled_shape(n, k / BLOCK_SIZE).1 as i32, pad: 0 };
+        let params = DequantParams {
+            codes: cp,
+            scales: sp,
+            out: op_,
+            n: n as i32,
+            k: k as i32,
+            sp: swizzled_shape(n, k / BLOCK_SIZE).1 as i32,
+            pad: 0,
+        };
         let words = (n * k / 8) as u32;
-        let l = Launch { grid: words.div_ceil(256), block: 256, cluster: 1, pdl: false, smem: 0 };
+        let l = Launch {
+            grid: words.div_ceil(256),
+            block: 256,
+            cluster: 1,
+            pdl: false,
+            smem: 0,
+        };
         unsafe { launch(&stream, &f, l, &params)? };
     }
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, k))))

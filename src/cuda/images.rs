@@ -73,7 +73,11 @@ impl Image {
     /// The image for a device of compute capability `(major, minor)`.
     pub(crate) fn select(cc: (i32, i32), want: KernelImage) -> Result<Image> {
         if cc.0 < 8 {
-            bail!("candle-fp4: compute capability {}.{} is too old (the kernels need sm_80 or newer)", cc.0, cc.1);
+            bail!(
+                "candle-fp4: compute capability {}.{} is too old (the kernels need sm_80 or newer)",
+                cc.0,
+                cc.1
+            );
         }
         Ok(match (want, cc) {
             (KernelImage::Sm80, _) => Image::Compute80Ptx,

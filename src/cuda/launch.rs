@@ -2,7 +2,9 @@
 //! attributes (cudarc's launch builder has neither).
 
 use super::images::{Image, KernelFile};
-use candle_core::cuda_backend::cudarc::driver::{sys, CudaFunction, CudaModule, CudaStream, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{
+    sys, CudaFunction, CudaModule, CudaStream, DeviceRepr,
+};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::{CudaDevice, Result};
 use std::collections::HashMap;
@@ -52,7 +54,10 @@ pub(crate) const GEMV_BLOCK: u32 = 128;
 impl Loaded {
     /// The kernel `name`, and how many of its CTAs of [`GEMV_BLOCK`] threads fit on one SM.
     pub(crate) fn function(&self, name: &str) -> Result<(CudaFunction, u32)> {
-        let mut funcs = self.funcs.lock().map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
+        let mut funcs = self
+            .funcs
+            .lock()
+            .map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
         if let Some(f) = funcs.get(name) {
             return Ok(f.clone());
         }
@@ -79,13 +84,16 @@ fn cache() -> &'static Cache {
 /// The module of `file` in `image` on `dev`, loaded once per device.
 pub(crate) fn module(dev: &CudaDevice, file: KernelFile, image: Image) -> Result<Arc<Loaded>> {
     let key = (ctx_key(dev), image, file);
-    let mut c = cache().lock().map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
+    let mut c = cache()
+        .lock()
+        .map_err(|_| cuda_err("kernel cache", "poisoned lock"))?;
     if let Some(l) = c.get(&key) {
         return Ok(l.clone());
     }
     let bytes = image.bytes(file);
     let ptx = if image.is_ptx() {
-        let text = std::str::from_utf8(bytes).map_err(|e| cuda_err("kernel PTX is not UTF-8", e))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| cuda_err("kernel PTX is not UTF-8", e))?;
         Ptx::from_src(text.trim_end_matches('\0'))
     } else {
         Ptx::from_binary(bytes.to_vec())
@@ -95,8 +103,16 @@ pub(crate) fn module(dev: &CudaDevice, file: KernelFile, image: Image) -> Result
         .context()
         .load_module(ptx)
         .map_err(|e| cuda_err(&format!("loading {} ({image:?})", file.name()), e))?;
-    let sms = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
-    let l = Arc::new(Loaded { image, sms, module, funcs: Mutex::new(HashMap::new()) });
+    let sms = attribute(
+        dev,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as usize;
+    let l = Arc::new(Loaded {
+        image,
+        sms,
+        module,
+        funcs: Mutex::new(HashMap::new()),
+    });
     c.insert(key, l.clone());
     Ok(l)
 }
@@ -118,7 +134,12 @@ pub(crate) struct Launch {
 /// # Safety
 /// `P` must match the kernel's parameter type, and every pointer in it must stay valid
 /// (its guards alive) until the launch is enqueued.
-pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(stream: &CudaStream, f: &CudaFunction, l: Launch, params: &P) -> Result<()> {
+pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    l: Launch,
+    params: &P,
+) -> Result<()> {
     let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
     if l.cluster > 1 {
         let mut a: sys::CUlaunchAttribute = std::mem::zeroed();
@@ -152,13 +173,25 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(stream: &CudaStream, f: &CudaF
         blockDimZ: 1,
         sharedMemBytes: l.smem,
         hStream: stream.cu_stream(),
-        attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
         numAttrs: attrs.len() as u32,
     };
     let mut p = *params;
     let mut args = [&mut p as *mut P as *mut std::ffi::c_void];
-    stream.context().bind_to_thread().map_err(|e| cuda_err("binding the CUDA context", e))?;
-    sys::cuLaunchKernelEx(&cfg, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut())
-        .result()
-        .map_err(|e| cuda_err("cuLaunchKernelEx", e))
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| cuda_err("binding the CUDA context", e))?;
+    sys::cuLaunchKernelEx(
+        &cfg,
+        f.cu_function(),
+        args.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .result()
+    .map_err(|e| cuda_err("cuLaunchKernelEx", e))
 }

@@ -118,7 +118,7 @@ pub fn gemv_cpu(
             x.len()
         );
     }
-    if silu_mul && n % 2 != 0 {
+    if silu_mul && !n.is_multiple_of(2) {
         bail!("gemv: silu_mul needs an even N, got {n}");
     }
     let xf: Vec<f32> = (0..m)

@@ -54,7 +54,7 @@ fn check_n(op: &str, n: usize, silu_mul: bool) -> Result<()> {
     if n == 0 {
         bail!("{op}: the weight has no rows");
     }
-    if silu_mul && n % 2 != 0 {
+    if silu_mul && !n.is_multiple_of(2) {
         bail!("{op}: silu_mul needs an even N ([gate | up] halves), got N = {n}");
     }
     Ok(())
@@ -122,7 +122,11 @@ pub struct GemvOptions {
 impl GemvOptions {
     /// Options with the epilogue and PDL flags set, everything else automatic.
     pub fn new(silu_mul: bool, pdl: bool) -> Self {
-        Self { silu_mul, pdl, ..Default::default() }
+        Self {
+            silu_mul,
+            pdl,
+            ..Default::default()
+        }
     }
 
     fn check(&self, op: &str, m: usize) -> Result<()> {
@@ -258,7 +262,13 @@ pub fn nvfp4_gemv(
     silu_mul: bool,
     pdl: bool,
 ) -> Result<Tensor> {
-    nvfp4_gemv_with(x, weight, weight_scale, global_scale, &GemvOptions::new(silu_mul, pdl))
+    nvfp4_gemv_with(
+        x,
+        weight,
+        weight_scale,
+        global_scale,
+        &GemvOptions::new(silu_mul, pdl),
+    )
 }
 
 /// [`nvfp4_gemv`] with explicit [`GemvOptions`] (kernel variant selection for tests and
@@ -299,7 +309,10 @@ pub fn nvfp4_gemv_with(
     }
     let weight = weight.contiguous()?;
     let weight_scale = weight_scale.contiguous()?;
-    let op = Nvfp4Gemv { global_scale, opts: *opts };
+    let op = Nvfp4Gemv {
+        global_scale,
+        opts: *opts,
+    };
     x.apply_op3_no_bwd(&weight, &weight_scale, &op)
 }
 

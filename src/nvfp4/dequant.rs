@@ -56,7 +56,7 @@ pub fn dequantize_nvfp4(
 pub fn dequantize_rows_cpu(codes: &[u8], swizzled: &[u8], n: usize, k: usize) -> Result<Vec<bf16>> {
     let s = k / BLOCK_SIZE;
     let (np, sp) = swizzled_shape(n, s);
-    if k % BLOCK_SIZE != 0 || codes.len() != n * k / 2 || swizzled.len() != np * sp {
+    if !k.is_multiple_of(BLOCK_SIZE) || codes.len() != n * k / 2 || swizzled.len() != np * sp {
         bail!(
             "dequantize_rows: {} code bytes and {} scale bytes do not fit [{n}, {k}] (K multiple of 16, scales {np}x{sp})",
             codes.len(),

@@ -70,7 +70,7 @@ pub fn quantize_nvfp4_slice(
     k: usize,
     global_scale: Option<f32>,
 ) -> Result<Nvfp4Quantized> {
-    if k == 0 || k % BLOCK_SIZE != 0 {
+    if k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
         bail!("quantize_nvfp4: in_features k = {k} must be a positive multiple of {BLOCK_SIZE}");
     }
     if w.len() != n * k {
