@@ -1,0 +1,137 @@
+//! The tiny ModelOpt-exported Llama on a CUDA GPU (feature `cuda`, needs a GPU): prefill
+//! and token-by-token decode with the BF16 and the UltraQuant KV cache, against
+//! transformers' FP32 logits (BF16 cache) and against the same model on the CPU
+//! (UltraQuant cache).
+//!
+//! Tolerances as in `llama_tiny.rs`: one BF16 ulp of the largest logit, 2⁻⁷·max(1, max|ref|),
+//! doubled because on CUDA every activation is BF16 (the CPU test with BF16 activations
+//! uses the same bound). GPU vs CPU with the FP4 cache: both encode the same K/V bit for bit
+//! (tested in `tests/kv_cache_gpu.rs`), so they differ by activation roundings only: the
+//! same bound.
+#![cfg(feature = "cuda")]
+
+use candle_core::{DType, Device, Tensor};
+use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use std::path::{Path, PathBuf};
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/modelopt_tiny")
+}
+
+fn gpu() -> Device {
+    static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    DEV.get_or_init(|| Device::new_cuda(0).expect("this test needs a CUDA GPU"))
+        .clone()
+}
+
+fn reference() -> (Vec<u32>, Tensor) {
+    let r =
+        candle_core::safetensors::load(data().join("reference_logits.safetensors"), &Device::Cpu)
+            .unwrap();
+    let ids = r["input_ids"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<i64>()
+        .unwrap();
+    (
+        ids.iter().map(|&x| x as u32).collect(),
+        r["logits_w4a16_dequant"].clone(),
+    )
+}
+
+fn tolerance(reference: &Tensor) -> f32 {
+    let m = reference
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    2.0 * m.max(1.0) / 128.0
+}
+
+fn check(what: &str, got: &Tensor, want: &Tensor) {
+    let got = got
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let want = want.to_dtype(DType::F32).unwrap();
+    assert_eq!(got.dims(), want.dims(), "{what}");
+    let max = (&got - &want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let a = got.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+    let b = want.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+    let agree = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+    eprintln!("{what}: max |diff| {max:.5}, argmax {agree}/{}", a.len());
+    assert!(max <= tolerance(&want), "{what}: max |diff| {max}");
+    assert!(
+        agree + 1 >= a.len(),
+        "{what}: argmax agrees on {agree}/{}",
+        a.len()
+    );
+}
+
+/// Prefill of the first half, then one token at a time: logits of every position.
+fn prefill_then_decode(m: &mut Llama, ids: &[u32]) -> Tensor {
+    let half = ids.len() / 2;
+    let mut rows = vec![m
+        .forward_all(&ids[..half], 0)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()];
+    for (i, &t) in ids.iter().enumerate().skip(half) {
+        let l = m
+            .forward_all(&[t], i)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        rows.push(l);
+    }
+    Tensor::cat(&rows, 0).unwrap()
+}
+
+#[test]
+fn nvfp4_model_on_gpu_matches_transformers() {
+    let (ids, want) = reference();
+    let opts = LoadOptions {
+        kv_cache: KvCacheKind::Bf16,
+        ..Default::default()
+    };
+    let mut m = Llama::load(data(), &gpu(), &opts).unwrap();
+    check(
+        "GPU, BF16 cache, prefill",
+        &m.forward_all(&ids, 0).unwrap(),
+        &want,
+    );
+    m.reset().unwrap();
+    check(
+        "GPU, BF16 cache, decode",
+        &prefill_then_decode(&mut m, &ids),
+        &want,
+    );
+}
+
+#[test]
+fn ultraquant_cache_on_gpu_matches_cpu() {
+    let (ids, _) = reference();
+    let opts = LoadOptions {
+        kv_cache: KvCacheKind::UltraQuant,
+        dtype: Some(DType::BF16),
+        ..Default::default()
+    };
+    let mut g = Llama::load(data(), &gpu(), &opts).unwrap();
+    let mut c = Llama::load(data(), &Device::Cpu, &opts).unwrap();
+    let want = prefill_then_decode(&mut c, &ids);
+    check(
+        "GPU vs CPU, UltraQuant cache, decode",
+        &prefill_then_decode(&mut g, &ids),
+        &want,
+    );
+}
