@@ -27,9 +27,10 @@ fn text() -> String {
 }
 
 /// Top-1 token of every position of `ids`.
-fn top1(dir: &Path, ids: &[u32], kv: KvCacheKind) -> Vec<usize> {
+fn top1(dir: &Path, ids: &[u32], kv: KvCacheKind, prefill_chunk: usize) -> Vec<usize> {
     let opts = LoadOptions {
         kv_cache: kv,
+        prefill_chunk,
         ..Default::default()
     };
     let mut m = Llama::load(dir, &Device::Cpu, &opts).unwrap();
@@ -49,11 +50,12 @@ fn nvfp4_agrees_with_bf16_on_top1() {
         .unwrap();
     ids.extend(tok.encode(&text(), false).unwrap().into_iter().take(256));
     let (tq, tb) = (
-        top1(&q, &ids, KvCacheKind::Bf16),
-        top1(&b, &ids, KvCacheKind::Bf16),
+        top1(&q, &ids, KvCacheKind::Bf16, 512),
+        top1(&b, &ids, KvCacheKind::Bf16, 512),
     );
     let agree = tq.iter().zip(&tb).filter(|(x, y)| x == y).count() as f64 / ids.len() as f64;
-    let tu = top1(&q, &ids, KvCacheKind::UltraQuant);
+    // Every position as a decode step: attention reads only FP4 K/V.
+    let tu = top1(&q, &ids, KvCacheKind::UltraQuant, 1);
     let agree_uq = tu.iter().zip(&tq).filter(|(x, y)| x == y).count() as f64 / ids.len() as f64;
     eprintln!(
         "top-1 agreement over {} positions: NVFP4 vs BF16 {:.1}%, NVFP4+UltraQuant KV vs NVFP4 {:.1}%",
@@ -63,8 +65,8 @@ fn nvfp4_agrees_with_bf16_on_top1() {
     );
     assert!(agree >= 0.6, "NVFP4 vs BF16 top-1 agreement {agree}");
     assert!(
-        agree_uq >= 0.8,
-        "UltraQuant vs BF16 KV top-1 agreement {agree_uq}"
+        agree_uq >= 0.6,
+        "NVFP4+UltraQuant vs NVFP4 top-1 agreement {agree_uq}"
     );
 }
 

@@ -28,10 +28,7 @@ struct Args {
     #[arg(long, default_value = "smollm2")]
     model: String,
     /// The prompt (a user message, sent through the chat template unless --raw).
-    #[arg(
-        long,
-        default_value = "What is the capital of France? Answer in one sentence."
-    )]
+    #[arg(long, default_value = "Why is the sky blue?")]
     prompt: String,
     /// Send the prompt as plain text, without the chat template.
     #[arg(long)]
@@ -40,7 +37,7 @@ struct Args {
     #[arg(long)]
     system: Option<String>,
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     /// KV cache: bf16 or ultraquant.
     #[arg(long, default_value = "bf16")]
@@ -64,6 +61,10 @@ struct Args {
     /// --max-tokens tokens).
     #[arg(long)]
     ignore_eos: bool,
+    /// Tokens per prefill chunk (more than 32: dequantize + matmul projections, faster
+    /// for long prompts on the CPU).
+    #[arg(long, default_value_t = 32)]
+    prefill_chunk: usize,
     /// Threads for the CPU (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -83,6 +84,7 @@ fn run(args: Args) -> Result<()> {
     let opts = LoadOptions {
         kv_cache: args.kv_cache,
         max_seq_len: args.max_seq_len,
+        prefill_chunk: args.prefill_chunk,
         ..Default::default()
     };
     let t0 = Instant::now();
