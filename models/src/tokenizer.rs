@@ -22,6 +22,33 @@ pub enum ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// One user turn (after an optional system turn) up to where the assistant's answer
+    /// starts; `bos` is the BOS token's text (Llama 2 / 3 templates start with it).
+    pub fn render(&self, bos: &str, user: &str, system: Option<&str>) -> String {
+        match self {
+            ChatTemplate::ChatMl { default_system } => {
+                let mut s = String::new();
+                if let Some(sys) = system.or(default_system.as_deref()) {
+                    s += &format!("<|im_start|>system\n{sys}<|im_end|>\n");
+                }
+                s + &format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+            }
+            ChatTemplate::Llama3 => {
+                let mut s = bos.to_string();
+                if let Some(sys) = system {
+                    s += &format!("<|start_header_id|>system<|end_header_id|>\n\n{sys}<|eot_id|>");
+                }
+                s + &format!(
+                    "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+                )
+            }
+            ChatTemplate::Llama2 => match system {
+                Some(sys) => format!("{bos}[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]"),
+                None => format!("{bos}[INST] {user} [/INST]"),
+            },
+        }
+    }
+
     /// Recognizes the family of a Jinja chat template.
     pub fn detect(template: &str) -> Option<Self> {
         if template.contains("<|im_start|>") {
@@ -182,29 +209,8 @@ impl TextTokenizer {
     /// given, or the template's default), ending where the assistant's answer starts.
     /// `None` when the model has no recognized template.
     pub fn render_chat(&self, user: &str, system: Option<&str>) -> Option<String> {
-        let bos = self.bos_text.clone().unwrap_or_default();
-        Some(match self.template.as_ref()? {
-            ChatTemplate::ChatMl { default_system } => {
-                let mut s = String::new();
-                if let Some(sys) = system.or(default_system.as_deref()) {
-                    s += &format!("<|im_start|>system\n{sys}<|im_end|>\n");
-                }
-                s + &format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
-            }
-            ChatTemplate::Llama3 => {
-                let mut s = bos;
-                if let Some(sys) = system {
-                    s += &format!("<|start_header_id|>system<|end_header_id|>\n\n{sys}<|eot_id|>");
-                }
-                s + &format!(
-                    "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-                )
-            }
-            ChatTemplate::Llama2 => match system {
-                Some(sys) => format!("{bos}[INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]"),
-                None => format!("{bos}[INST] {user} [/INST]"),
-            },
-        })
+        let bos = self.bos_text.as_deref().unwrap_or_default();
+        Some(self.template.as_ref()?.render(bos, user, system))
     }
 
     /// Token ids of a prompt: through the chat template unless `raw` (or the model has
@@ -219,5 +225,72 @@ impl TextTokenizer {
     /// Whether `id` ends generation.
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos_ids.contains(&id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_template_families() {
+        // SmolLM2's template (newlines as real characters, as in its GGUF metadata).
+        let smol = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
+        assert_eq!(
+            ChatTemplate::detect(smol),
+            Some(ChatTemplate::ChatMl {
+                default_system: Some(
+                    "You are a helpful AI assistant named SmolLM, trained by Hugging Face".into()
+                )
+            })
+        );
+        // Escaped `\n` inside Jinja strings, and a template without a default system turn.
+        let escaped = r"{{ '<|im_start|>system\nBe brief.<|im_end|>\n' }}";
+        assert_eq!(
+            ChatTemplate::detect(escaped),
+            Some(ChatTemplate::ChatMl {
+                default_system: Some("Be brief.".into())
+            })
+        );
+        let qwen_like = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}";
+        assert_eq!(
+            ChatTemplate::detect(qwen_like),
+            Some(ChatTemplate::ChatMl {
+                default_system: None
+            })
+        );
+        let llama3 = "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}";
+        assert_eq!(ChatTemplate::detect(llama3), Some(ChatTemplate::Llama3));
+        assert_eq!(
+            ChatTemplate::detect("{{ bos_token + '[INST] ' + content + ' [/INST]' }}"),
+            Some(ChatTemplate::Llama2)
+        );
+        assert_eq!(ChatTemplate::detect("{{ messages }}"), None);
+    }
+
+    #[test]
+    fn renders_one_user_turn() {
+        let c = ChatTemplate::ChatMl {
+            default_system: Some("Be kind.".into()),
+        };
+        assert_eq!(
+            c.render("", "hi", None),
+            "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(c
+            .render("", "hi", Some("Be short."))
+            .starts_with("<|im_start|>system\nBe short.<|im_end|>"));
+        assert_eq!(
+            ChatTemplate::Llama3.render("<|begin_of_text|>", "hi", Some("S")),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        assert_eq!(
+            ChatTemplate::Llama2.render("<s>", "hi", None),
+            "<s>[INST] hi [/INST]"
+        );
+        assert_eq!(
+            ChatTemplate::Llama2.render("<s>", "hi", Some("S")),
+            "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\nhi [/INST]"
+        );
     }
 }
