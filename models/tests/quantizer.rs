@@ -452,3 +452,45 @@ fn extra_exclusions_stay_bf16_and_load() {
     let m = Llama::load(out.path(), &Device::Cpu, &LoadOptions::default()).unwrap();
     assert_eq!(m.nvfp4_layer_count(), (5, 9));
 }
+
+#[test]
+fn f32_and_f16_checkpoints_quantize() {
+    // The same BF16 values stored as F32 (exact) quantize to ModelOpt's bytes; unquantized
+    // tensors keep the stored dtype.
+    let w =
+        candle_core::safetensors::load(data().join("original.safetensors"), &Device::Cpu).unwrap();
+    let theirs_bytes = std::fs::read(data().join("model.safetensors")).unwrap();
+    let theirs = SafeTensors::deserialize(&theirs_bytes).unwrap();
+    for dt in [DType::F32, DType::F16] {
+        let d = hf_dir();
+        let conv: std::collections::HashMap<String, Tensor> = w
+            .iter()
+            .map(|(n, t)| (n.clone(), t.to_dtype(dt).unwrap()))
+            .collect();
+        candle_core::safetensors::save(&conv, d.path().join("model.safetensors")).unwrap();
+        let out = quantize(d.path(), OutputFormat::Nvfp4);
+        let bytes = std::fs::read(out.path().join("model.safetensors")).unwrap();
+        let mine = SafeTensors::deserialize(&bytes).unwrap();
+        let st_dt = if dt == DType::F32 {
+            safetensors::Dtype::F32
+        } else {
+            safetensors::Dtype::F16
+        };
+        for n in theirs.names() {
+            if n.ends_with(".input_scale") {
+                continue;
+            }
+            let (a, b) = (theirs.tensor(n).unwrap(), mine.tensor(n).unwrap());
+            assert_eq!(b.shape(), a.shape(), "{n}");
+            if a.dtype() == safetensors::Dtype::BF16 {
+                assert_eq!(b.dtype(), st_dt, "{n}");
+            } else if dt == DType::F32 {
+                assert!(a.data() == b.data(), "{n} (F32 input): bytes differ");
+            }
+        }
+        // F16 rounds the fixture's planted ~1e-6 weights, so only check it runs.
+        let mut m = Llama::load(out.path(), &Device::Cpu, &LoadOptions::default()).unwrap();
+        assert_eq!(m.nvfp4_layer_count(), (8, 9));
+        m.forward(&[1, 2, 3], 0).unwrap();
+    }
+}
