@@ -1,7 +1,7 @@
 //! `QuantLinear::forward` and `forward_silu_mul`.
 
 use super::{use_gemv, QuantLinear, Weight};
-use crate::gemv::{bf16_gemv, nvfp4_gemv, MAX_M};
+use crate::gemv::{bf16_gemv_with, nvfp4_gemv_with, GemvOptions, MAX_M};
 use crate::nvfp4::dequantize_rows;
 use candle_core::{bail, DType, Module, Result, Tensor};
 
@@ -56,13 +56,18 @@ impl QuantLinear {
             crate::tables::pick_nt(self.n, self.k, m, silu_mul, !self.is_nvfp4())
         };
         if use_gemv(on_cpu, nt, m, self.k) {
+            // The tile the table measured as faster (it may skip a smaller one).
+            let opts = GemvOptions {
+                nt,
+                ..GemvOptions::new(silu_mul, false)
+            };
             return match &self.weight {
                 Weight::Nvfp4 {
                     codes,
                     scales,
                     global_scale,
-                } => nvfp4_gemv(x, codes, scales, *global_scale, silu_mul, false),
-                Weight::Bf16(w) => bf16_gemv(x, w, silu_mul, false),
+                } => nvfp4_gemv_with(x, codes, scales, *global_scale, &opts),
+                Weight::Bf16(w) => bf16_gemv_with(x, w, &opts),
             };
         }
         let y = match &self.weight {
