@@ -286,7 +286,7 @@ __device__ __forceinline__ void epilogue(const GemvParams& p, const Rows<FP4, SI
 
 // Chunks in flight per warp.
 template <int NT, bool FP4>
-__host__ __device__ constexpr int stages() { return FP4 ? (NT == 1 ? 4 : NT == 2 ? 6 : 3) : (NT == 4 ? 2 : 3); }
+__host__ __device__ constexpr int stages() { return FP4 ? (NT == 4 ? 3 : 6) : (NT == 4 ? 2 : 3); }
 
 // SPLIT == 1: persistent CTAs (grid = min(tiles, resident CTAs)); CTA b owns tiles b,
 // b + grid, ... Each warp walks a flat list of (tile, chunk) items, `per` per tile
@@ -479,7 +479,7 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 
 // Register caps chosen so the pipelines do not spill (ptxas -v): 4 CTAs (16 warps) per
 // SM for the light variants, 3 or 2 for the heavier ones.
-constexpr int min_blocks(int nt, bool fp4) { return fp4 ? (nt == 1 ? 5 : nt == 2 ? 4 : 2) : (nt <= 2 ? 3 : 2); }
+constexpr int min_blocks(int nt, bool fp4) { return fp4 ? (nt <= 2 ? 4 : 2) : (nt <= 2 ? 3 : 2); }
 
 // Split-1 kernels also exist as NAME_xs: x staged once per CTA in dynamic shared memory.
 #define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                                 \
