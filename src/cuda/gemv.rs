@@ -136,7 +136,7 @@ fn run(
         pad: 0,
     };
     let l = Launch {
-        grid: grid as u32,
+        grid: (grid as u32, 1, 1),
         block: THREADS,
         cluster: split as u32,
         pdl: opts.pdl && image.has_sm90_features(),
@@ -247,7 +247,7 @@ pub(crate) fn dequantize_rows_cuda(
         };
         let words = (n * k / 8) as u32;
         let l = Launch {
-            grid: words.div_ceil(256),
+            grid: (words.div_ceil(256), 1, 1),
             block: 256,
             cluster: 1,
             pdl: false,

@@ -2,7 +2,7 @@
 //! attention (UltraQuant or BF16 cache) and the combine of its splits.
 
 use super::images::{Image, KernelFile};
-use super::launch::{cuda_err, module, Loaded};
+use super::launch::{cuda_err, launch, module, Launch, Loaded};
 use crate::gemv::KernelImage;
 use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
 use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
@@ -38,8 +38,8 @@ fn check_head_dim(op: &str, d: usize) -> Result<()> {
     Ok(())
 }
 
-/// `cuLaunchKernelEx` with a 3-d grid, a 1-d block and `smem` bytes of dynamic shared
-/// memory (raising the function's limit when above 48 KiB).
+/// A plain launch (no cluster, no PDL) of a 3-d grid of 1-d blocks with `smem` bytes of
+/// dynamic shared memory, through the crate's one `cuLaunchKernelEx` wrapper.
 ///
 /// # Safety
 /// `P` must be the kernel's parameter type and its pointers valid until the launch is queued.
@@ -51,39 +51,14 @@ unsafe fn launch_grid<P: DeviceRepr + Copy>(
     smem: u32,
     params: &P,
 ) -> Result<()> {
-    if smem > 48 * 1024 {
-        f.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
-    }
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: grid.0,
-        gridDimY: grid.1,
-        gridDimZ: grid.2,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem,
-        hStream: stream.cu_stream(),
-        attrs: std::ptr::null_mut(),
-        numAttrs: 0,
+    let l = Launch {
+        grid,
+        block,
+        cluster: 1,
+        pdl: false,
+        smem,
     };
-    let mut p = *params;
-    let mut args = [&mut p as *mut P as *mut std::ffi::c_void];
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| cuda_err("binding the CUDA context", e))?;
-    sys::cuLaunchKernelEx(
-        &cfg,
-        f.cu_function(),
-        args.as_mut_ptr(),
-        std::ptr::null_mut(),
-    )
-    .result()
-    .map_err(|e| cuda_err("cuLaunchKernelEx", e))
+    launch(stream, f, l, params)
 }
 
 /// Blocks of `FORMAT_THREADS` for one warp per item.

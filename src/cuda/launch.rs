@@ -117,10 +117,10 @@ pub(crate) fn module(dev: &CudaDevice, file: KernelFile, image: Image) -> Result
     Ok(l)
 }
 
-/// Grid, block, cluster and PDL of one launch (1-d grids and blocks).
+/// Grid, block, cluster and PDL of one launch (3-d grid, 1-d block; the cluster spans x).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Launch {
-    pub grid: u32,
+    pub grid: (u32, u32, u32),
     pub block: u32,
     pub cluster: u32,
     pub pdl: bool,
@@ -165,9 +165,9 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(
         .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
     }
     let cfg = sys::CUlaunchConfig {
-        gridDimX: l.grid,
-        gridDimY: 1,
-        gridDimZ: 1,
+        gridDimX: l.grid.0,
+        gridDimY: l.grid.1,
+        gridDimZ: l.grid.2,
         blockDimX: l.block,
         blockDimY: 1,
         blockDimZ: 1,
