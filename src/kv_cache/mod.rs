@@ -142,6 +142,24 @@ impl Lengths {
         self.host = host;
         Ok(())
     }
+
+    /// Empties every sequence.
+    pub(crate) fn reset(&mut self) -> Result<()> {
+        self.set(vec![0; self.host.len()])
+    }
+
+    /// Empties sequence `seq`; `what` names the caller in the out-of-range error.
+    pub(crate) fn reset_seq(&mut self, what: &str, seq: usize) -> Result<()> {
+        if seq >= self.host.len() {
+            bail!(
+                "{what}: sequence {seq} out of range (batch {})",
+                self.host.len()
+            )
+        }
+        let mut lens = self.host.clone();
+        lens[seq] = 0;
+        self.set(lens)
+    }
 }
 
 /// Checks new K/V (`[batch, tokens, kv_heads, head_dim]`, or `[tokens, kv_heads, head_dim]`

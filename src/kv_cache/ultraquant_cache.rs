@@ -140,20 +140,12 @@ impl UltraQuantCache {
 
     /// Empties every sequence (the slots are overwritten by later appends).
     pub fn reset(&mut self) -> Result<()> {
-        self.lens.set(vec![0; self.shape.batch])
+        self.lens.reset()
     }
 
     /// Empties sequence `seq`.
     pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
-        if seq >= self.shape.batch {
-            bail!(
-                "UltraQuantCache::reset_seq: sequence {seq} out of range (batch {})",
-                self.shape.batch
-            )
-        }
-        let mut lens = self.lens.host.clone();
-        lens[seq] = 0;
-        self.lens.set(lens)
+        self.lens.reset_seq("UltraQuantCache::reset_seq", seq)
     }
 
     /// Sequence `seq` dequantized to BF16 `(k, v)`, each `[len, kv_heads, head_dim]`, K
