@@ -25,13 +25,29 @@ fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
         .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
 }
 
-/// `(major, minor)` compute capability of the device.
+/// `(major, minor)` compute capability of the device, queried once per context (every
+/// op launch needs it to pick the kernel image).
 pub(crate) fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
     use sys::CUdevice_attribute::*;
-    Ok((
+    static CC: OnceLock<Mutex<HashMap<usize, (i32, i32)>>> = OnceLock::new();
+    let cache = CC.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = ctx_key(dev);
+    if let Some(cc) = cache
+        .lock()
+        .map_err(|_| cuda_err("compute capability cache", "poisoned lock"))?
+        .get(&key)
+    {
+        return Ok(*cc);
+    }
+    let cc = (
         attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-    ))
+    );
+    cache
+        .lock()
+        .map_err(|_| cuda_err("compute capability cache", "poisoned lock"))?
+        .insert(key, cc);
+    Ok(cc)
 }
 
 /// `sm90`, `sm100`, `sm89`, ...: the tuned-table tag of the device.
