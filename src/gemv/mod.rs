@@ -64,8 +64,13 @@ fn out_shape(m: usize, n: usize, silu_mul: bool) -> Shape {
     Shape::from((m, if silu_mul { n / 2 } else { n }))
 }
 
-/// Row stride of a 2-d layout with unit inner stride, and its start offset.
-fn x_view<'a>(op: &str, x: &'a [half::bf16], l: &Layout) -> Result<(&'a [half::bf16], usize)> {
+/// The BF16 rows of `x` from its storage (starting at the layout's offset) and their
+/// stride; `x` must have unit inner stride.
+fn x_view<'a>(op: &str, s: &'a CpuStorage, l: &Layout) -> Result<(&'a [half::bf16], usize)> {
+    let x = match s {
+        CpuStorage::BF16(v) => v.as_slice(),
+        s => bail!("{op}: x must be BF16, got {:?}", s.dtype()),
+    };
     let (m, k) = l.shape().dims2()?;
     let st = l.stride();
     if st[1] != 1 {
@@ -173,11 +178,7 @@ impl CustomOp3 for Nvfp4Gemv {
         const OP: &str = "nvfp4_gemv";
         let (m, k) = l1.shape().dims2()?;
         let (n, _) = l2.shape().dims2()?;
-        let x = match s1 {
-            CpuStorage::BF16(v) => v.as_slice(),
-            s => bail!("{OP}: x must be BF16, got {:?}", s.dtype()),
-        };
-        let (x, rs) = x_view(OP, x, l1)?;
+        let (x, rs) = x_view(OP, s1, l1)?;
         let codes = contiguous_u8(OP, "weight", s2, l2)?;
         let scales = contiguous_u8(OP, "weight_scale", s3, l3)?;
         let sp = swizzled_shape(n, k / BLOCK_SIZE).1;
@@ -223,11 +224,7 @@ impl CustomOp2 for Bf16Gemv {
         const OP: &str = "bf16_gemv";
         let (m, k) = l1.shape().dims2()?;
         let (n, _) = l2.shape().dims2()?;
-        let x = match s1 {
-            CpuStorage::BF16(v) => v.as_slice(),
-            s => bail!("{OP}: x must be BF16, got {:?}", s.dtype()),
-        };
-        let (x, rs) = x_view(OP, x, l1)?;
+        let (x, rs) = x_view(OP, s1, l1)?;
         let w = match (s2, l2.contiguous_offsets()) {
             (CpuStorage::BF16(v), Some((a, b))) => &v[a..b],
             _ => bail!("{OP}: weight must be a contiguous BF16 tensor"),
