@@ -231,11 +231,25 @@ fn main() -> Result<()> {
     let dev = Device::new_cuda(0).context("a CUDA device is needed")?;
     let copy = copy_bandwidth(&dev)? / 1e9;
     println!("device-to-device copy, 2 GiB: {copy:.0} GB/s (read + write)");
+    // CFP4_KV_BENCH_POINTS="32768x1,32768x8" runs only those (ctx x batch) points (profiling).
+    let points: Vec<(usize, usize)> = match std::env::var("CFP4_KV_BENCH_POINTS") {
+        Ok(s) => s
+            .split(',')
+            .map(|p| {
+                let (c, b) = p
+                    .split_once('x')
+                    .ok_or_else(|| anyhow!("CFP4_KV_BENCH_POINTS: `{p}` is not CTXxBATCH"))?;
+                Ok((c.trim().parse()?, b.trim().parse()?))
+            })
+            .collect::<Result<_>>()?,
+        Err(_) => BATCHES
+            .iter()
+            .flat_map(|&b| CONTEXTS.iter().map(move |&c| (c, b)))
+            .collect(),
+    };
     let mut rows = Vec::new();
-    for batch in BATCHES {
-        for ctx in CONTEXTS {
-            rows.push(run_point(&dev, ctx, batch)?);
-        }
+    for (ctx, batch) in points {
+        rows.push(run_point(&dev, ctx, batch)?);
     }
     let fp4_bpt = KV_HEADS * (HEAD_DIM + HEAD_DIM / 16);
     let bf16_bpt = KV_HEADS * HEAD_DIM * 2 * 2;

@@ -31,13 +31,20 @@
 //   S[16 tok x 8] = K[16 x D] . Qcols[D x 8]; columns 2j / 2j+1 = head j's query split into
 //     bf16 hi + lo (q = hi + lo to ~2^-17 relative), so S_hi + S_lo is q.k at ~FP32 accuracy;
 //   O^T[16 d x 8] += V^T[16 d x 16 tok] . P[16 tok x 8], P likewise split into hi + lo.
-// K and V are dequantized in registers: nibble s e1 e0 m -> bf16 bits s 0000000e1 e0m000000
-// (= e2m1 * 2^-126, a subnormal for e = 0) times bf16x2 2^(E + 62) -> e2m1 * s * 2^-64,
-// exact; the 2^64 is folded into the softmax scale and the output. Supported scale range:
-// 2^-61 <= s <= 2^65 (values beyond are flushed / saturated; bf16 activations never get
-// near). Online softmax in the log2 domain (exp2f), FP32. The warps of a CTA merge their
-// (max, sum, O) in shared memory; with splits > 1 the CTA writes an unnormalized partial
-// and cfp4_kv_combine merges the splits.
+// K and V codes go into the MMA as raw bits: nibble s e1 e0 m -> bf16 bits s 0000000e1 e0m000000
+// = e2m1 * 2^-126 exactly (a bf16 subnormal for +-0.5; mma.sync keeps subnormal inputs and
+// products, checked on the H200), 4 integer ops per pair of codes and no multiply. The UE8M0
+// scales (exact powers of 2) never touch the codes:
+//   K: each k-step pair lies in one 32-value scale group, so S is summed per group in FP32 and
+//      each group sum is multiplied by its scale (2^(byte-127), byte 0 -> 0);
+//   V: the 16 d of an O^T m-tile lie in one group, so the scale of (token, group) multiplies
+//      that token's P (a bf16 times a power of 2: exact).
+// q and P carry 2^64 (so products stay far from the FP32 subnormal range), hence S and O are
+// 2^-62 times the true values; sl and the output fold the 2^62 back. Supported range: |q| <
+// 2^63, V scales 2^-64 <= s <= 2^63 (beyond: V flushed / saturated); any K scale. Online
+// softmax in the log2 domain (exp2f), FP32. The warps of a CTA merge their (max, sum, O) in
+// shared memory; with splits > 1 the CTA writes an unnormalized partial and cfp4_kv_combine
+// merges the splits.
 // k-order freedom: inside one MMA the k index may be permuted as long as A and B agree; the
 // fragments below use the orders that make the decode and the shared-memory loads cheap
 // (and bank-conflict free): see kd0() and vd().
@@ -284,20 +291,47 @@ __device__ __forceinline__ uint32_t lds32(const uint8_t* p) {
     }
 }
 
-// UE8M0 byte -> bf16 bits of 2^(E + 62) (E = byte - 127), the factor that turns the decode's
-// e2m1 * 2^-126 into e2m1 * s * 2^-64; 0 (zero sentinel) -> 0; bytes above 192 saturate.
-__device__ __forceinline__ uint32_t uq_factor(uint32_t byte) {
-    return byte == 0u ? 0u : (min(byte, 192u) + 62u) << 7;
+// 8 E2M1 codes (nibble j = code j) -> 4 bf16x2 of the raw bits, out[r] = (code r, code r+4):
+// nibble s e1 e0 m -> bf16 bits s 0000000e1 e0m000000 = e2m1 * 2^-126 exactly (a subnormal
+// for the codes +-0.5; mma.sync keeps subnormal inputs and products). No scale: the UE8M0
+// scales are applied outside the MMA (K: to the per-group FP32 sums; V: folded into P).
+// Per pair: isolate the two nibbles (one per 16-bit half, at bits 0..3 or 4..7), then one
+// multiply makes two shifted copies, (x << 12) + (x << 6) (or << 8, << 2), that cannot
+// carry into each other, and the mask keeps the sign of one and the magnitude of the other.
+// 3.25 ops per pair instead of 4, and the multiply runs on the FMA pipe, not the ALU.
+__device__ __forceinline__ void decode_raw(uint32_t q, uint32_t out[4]) {
+    constexpr uint32_t M = 0x81c081c0u;  // bits 15 (sign) and 8..6 (e1 e0 m) per half
+    const uint32_t q8 = q >> 8;          // nibbles 2, 3 -> 0, 1 and 6, 7 -> 4, 5
+    out[0] = ((q & 0x000f000fu) * 0x1040u) & M;
+    out[1] = ((q & 0x00f000f0u) * 0x0104u) & M;
+    out[2] = ((q8 & 0x000f000fu) * 0x1040u) & M;
+    out[3] = ((q8 & 0x00f000f0u) * 0x0104u) & M;
 }
 
-// 8 E2M1 codes (nibble j = code j) -> 4 bf16x2, out[r] = (code r, code r+4) * sc, exact.
-__device__ __forceinline__ void decode_word(uint32_t q, uint32_t sc, uint32_t out[4]) {
+// The G UE8M0 bytes of one (token, K or V) at p, as (G + 3) / 4 words (byte i = group i).
+template <int G>
+__device__ __forceinline__ void load_scale_words(const uint8_t* p, uint32_t (&w)[(G + 3) / 4]) {
+    if constexpr (G == 2) {
+        w[0] = *reinterpret_cast<const uint16_t*>(p);
+    } else {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const uint32_t v = q << (12 - 4 * r);  // nibble r -> bits 15..12, nibble r+4 -> 31..28
-        const uint32_t bf = (v & 0x80008000u) | ((v >> 6) & 0x01c001c0u);
-        out[r] = bf16x2_mul(bf, sc);
+        for (int j = 0; j < G / 4; ++j) w[j] = *reinterpret_cast<const uint32_t*>(p + 4 * j);
     }
+}
+
+// Scale of group i as an FP32 2^(byte - 127) (byte 0 -> +0, the zero sentinel).
+template <int G>
+__device__ __forceinline__ float scale_f32(const uint32_t (&w)[(G + 3) / 4], int i) {
+    return __uint_as_float(__byte_perm(w[i >> 2], 0u, 0x4440u | uint32_t(i & 3)) << 23);
+}
+
+// Scales of group i of two tokens as bf16x2 (a in the low half): bits byte << 7.
+template <int G>
+__device__ __forceinline__ uint32_t scale_pair_bf16(const uint32_t (&wa)[(G + 3) / 4],
+                                                    const uint32_t (&wb)[(G + 3) / 4], int i) {
+    const uint32_t b = uint32_t(i & 3);
+    const uint32_t x = __byte_perm(wa[i >> 2], wb[i >> 2], b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12));
+    return (x << 7) & 0x7f807f80u;
 }
 
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
@@ -313,13 +347,16 @@ struct Cfg {
     static constexpr int NW = FP4 ? (D == 256 ? 4 : 8) : (D == 256 ? 2 : 4);  // warps per CTA
     static constexpr int THREADS = NW * 32;
     static constexpr int NSTAGE = FP4 ? 3 : 2;
+    // 16-token tiles per loop iteration and stage buffer: UltraQuant takes two, so each warp
+    // has two independent S / softmax / O chains in flight (it is latency-bound at one).
+    static constexpr int TPI = FP4 ? 2 : 1;
     static constexpr int SLOT = D + D / 16;
     static constexpr int GCD16 = SLOT % 16 == 0 ? 16 : SLOT % 8 == 0 ? 8 : 4;
     // 16-byte chunks per token row: a slot starts at a multiple of GCD16 within its chunk.
     static constexpr int CH = FP4 ? (SLOT + (16 - GCD16) + 15) / 16 : D / 4;
     // Shared bytes per token row (row stride / 4 = 4 mod 8 words: conflict-free loads).
     static constexpr int SROW = FP4 ? CH * 16 : 4 * D + 16;
-    static constexpr int STAGE = 16 * SROW;
+    static constexpr int STAGE = 16 * TPI * SROW;
     static constexpr int HC = 4 * NT;  // query heads per CTA
     static constexpr int KS = D / 16;  // k-steps of S = K . Q
     static constexpr int MT = D / 16;  // m-tiles of O^T
@@ -343,19 +380,21 @@ __device__ __forceinline__ int kd0(int ks, int t) {
 template <bool FP4> constexpr int kE1 = FP4 ? 4 : 1;
 template <bool FP4> constexpr int kH1 = FP4 ? 1 : 8;
 
-// d of O^T row g in m-tile i (row g + 8 is d + 1).
+// d of O^T row g in m-tile i (row g + 8 is d + 1). UltraQuant: m-tiles 2j and 2j + 1 hold
+// the 32 d of scale group j (so one V scale per (token, m-tile)), thread g the four d
+// 32j + 4g .. 32j + 4g + 3 (one 16-bit load of codes per token and group).
 template <bool FP4>
 __device__ __forceinline__ int vd(int i, int g) {
-    return FP4 ? 8 * g + 64 * (i >> 2) + 2 * (i & 3) : 16 * i + 2 * g;
+    return FP4 ? 32 * (i >> 1) + 4 * g + 2 * (i & 1) : 16 * i + 2 * g;
 }
 
-// One warp's cp.async of a 16-token tile (tokens tb .. tb+15; those >= t1 zero-filled).
+// One warp's cp.async of a 16 * TPI-token stage (tokens tb ..; those >= t1 zero-filled).
 template <bool FP4, int D, int NT>
 __device__ __forceinline__ void load_tile(uint8_t* buf, const uint8_t* kb, const uint8_t* vb, size_t row0,
                                           int kv_heads, int tb, int t1, int lane) {
     using C = Cfg<FP4, D, NT>;
 #pragma unroll 1
-    for (int c = lane; c < 16 * C::CH; c += 32) {
+    for (int c = lane; c < 16 * C::TPI * C::CH; c += 32) {
         const int i = c / C::CH, k = c - i * C::CH;
         const int tok = tb + i;
         const bool ok = tok < t1;
@@ -376,6 +415,36 @@ __device__ __forceinline__ void load_tile(uint8_t* buf, const uint8_t* kb, const
     }
 }
 
+// UltraQuant: the chunks lane copies of every full tile, as byte offsets from the tile's
+// first slot (src) and from the stage buffer (dst), computed once per kernel.
+template <int D, int NT>
+struct TileChunks {
+    using C = Cfg<true, D, NT>;
+    static constexpr int ROWS = 16 * C::TPI;                 // token rows per stage
+    static constexpr int NC = (ROWS * C::CH + 31) / 32;      // chunks per lane (the last maybe none)
+    static constexpr int LAST = ROWS * C::CH - 32 * (NC - 1);  // lanes with a chunk in the last round
+    uint32_t src[NC], dst[NC];
+    __device__ __forceinline__ TileChunks(int kv_heads, int lane) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            const int c = min(lane + 32 * j, ROWS * C::CH - 1);
+            const int i = c / C::CH, k = c - i * C::CH;
+            src[j] = uint32_t(i * kv_heads * C::SLOT + 16 * k);
+            dst[j] = uint32_t(i * C::SROW + 16 * k);
+        }
+    }
+    // A full stage (all ROWS tokens valid) whose first slot is at `first`.
+    __device__ __forceinline__ void load(uint8_t* buf, const uint8_t* first, int lane) const {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            if (j < NC - 1 || lane < LAST) {
+                const uintptr_t a = (reinterpret_cast<uintptr_t>(first) + src[j]) & ~uintptr_t(15);
+                cp_async16(buf + dst[j], reinterpret_cast<const uint8_t*>(a), 16u);
+            }
+        }
+    }
+};
+
 template <bool FP4, int D, int NT>
 __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     using C = Cfg<FP4, D, NT>;
@@ -386,19 +455,32 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const int kvh = blockIdx.y % p.kv_heads, hc = blockIdx.y / p.kv_heads;
     const int b = blockIdx.z;
     const int len = int(p.lens[b]);
-    const int per = (((len + p.splits - 1) / p.splits) + 15) & ~15;
+    constexpr int TT = 16 * C::TPI;  // tokens per stage
+    const int per = (((len + p.splits - 1) / p.splits) + TT - 1) / TT * TT;
     const int t0 = min(split * per, len), t1 = min(t0 + per, len);
-    const int ntiles = (t1 - t0 + 15) / 16;
+    const int ntiles = (t1 - t0 + TT - 1) / TT;
     const int cnt = warp < ntiles ? (ntiles - 1 - warp) / C::NW + 1 : 0;
     const uint8_t* kb = static_cast<const uint8_t*>(p.k);
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
     uint8_t* stages = smem + warp * C::NSTAGE * C::STAGE;
+    const TileChunks<D, NT> chunks(p.kv_heads, lane);  // unused (dead) for BF16
+    // cp.async of this warp's stage `it` into stage buffer `buf`.
+    auto issue = [&](uint8_t* buf, int it) {
+        const int tb = t0 + TT * (warp + it * C::NW);
+        if constexpr (FP4) {
+            if (tb + TT <= t1) {
+                chunks.load(buf, kb + (row0 + size_t(tb) * p.kv_heads) * C::SLOT, lane);
+                return;
+            }
+        }
+        load_tile<FP4, D, NT>(buf, kb, vb, row0, p.kv_heads, tb, t1, lane);
+    };
 
     // Start streaming before the query is prepared.
 #pragma unroll
     for (int s = 0; s < C::NSTAGE - 1; ++s) {
-        if (s < cnt) load_tile<FP4, D, NT>(stages + s * C::STAGE, kb, vb, row0, p.kv_heads, t0 + 16 * (warp + s * C::NW), t1, lane);
+        if (s < cnt) issue(stages + s * C::STAGE, s);
         cp_async_commit();
     }
 
@@ -431,6 +513,9 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         }
     }
     // Q operand (B of S = K . Q): column g = head 4nt + g/2, part hi (g even) or lo (g odd).
+    // UltraQuant: q carries 2^64 and the raw K codes 2^-126 (decode_raw), so S is 2^-62 times
+    // the true scores (folded into sl); V codes 2^-126 and P 2^64: O is 2^-62 times (unbias).
+    const float qbias = FP4 ? 0x1p64f : 1.f;
     uint32_t qb[C::KS][NT][2];
     {
         const bool lo = (g & 1) != 0;
@@ -440,14 +525,14 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             for (int nt = 0; nt < NT; ++nt) {
                 const float* row = qs + (4 * nt + (g >> 1)) * D;
                 const int d0 = kd0<FP4>(ks, t);
-                qb[ks][nt][0] = split_part(row[d0], lo) | (split_part(row[d0 + kE1<FP4>], lo) << 16);
                 const int d1 = d0 + kH1<FP4>;
-                qb[ks][nt][1] = split_part(row[d1], lo) | (split_part(row[d1 + kE1<FP4>], lo) << 16);
+                qb[ks][nt][0] = split_part(row[d0] * qbias, lo) | (split_part(row[d0 + kE1<FP4>] * qbias, lo) << 16);
+                qb[ks][nt][1] = split_part(row[d1] * qbias, lo) | (split_part(row[d1 + kE1<FP4>] * qbias, lo) << 16);
             }
         }
     }
-    // Scores in the log2 domain; UltraQuant K carries 2^-64 (see decode_word).
-    const float sl = FP4 ? p.scale_log2 * 0x1p64f : p.scale_log2;
+    // Scores in the log2 domain.
+    const float sl = FP4 ? p.scale_log2 * 0x1p62f : p.scale_log2;
 
     float o[C::MT][NT][4];
     float m[NT], l[NT];
@@ -463,44 +548,59 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     for (int it = 0; it < cnt; ++it) {
         {
             const int nx = it + C::NSTAGE - 1;
-            if (nx < cnt)
-                load_tile<FP4, D, NT>(stages + (nx % C::NSTAGE) * C::STAGE, kb, vb, row0, p.kv_heads,
-                                      t0 + 16 * (warp + nx * C::NW), t1, lane);
+            if (nx < cnt) issue(stages + (nx % C::NSTAGE) * C::STAGE, nx);
             cp_async_commit();
         }
         cp_async_wait<C::NSTAGE - 1>();
         __syncwarp();
         const uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
-        const int tb = t0 + 16 * (warp + it * C::NW);
+        const int tb0 = t0 + TT * (warp + it * C::NW);
         auto rowp = [&](int i) -> const uint8_t* {
             if constexpr (FP4) {
-                const uint32_t idx = uint32_t(row0 + size_t(tb + i) * p.kv_heads);
+                const uint32_t idx = uint32_t(row0 + size_t(tb0 + i) * p.kv_heads);
                 return buf + i * C::SROW + ((idx * uint32_t(C::SLOT)) & 15u);
             } else {
                 return buf + i * C::SROW;
             }
         };
 
-        // ---- S = K . Q (rows: tokens g, g + 8)
-        float s[NT][4];
+        // ---- S = K . Q per tile e (rows: tokens 16e + g, 16e + g + 8)
+        float sa_[C::TPI][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-        {
-            const uint8_t* rg = rowp(g);
-            const uint8_t* rg8 = rowp(g + 8);
+        for (int e = 0; e < C::TPI; ++e) {
+            float (&s)[NT][4] = sa_[e];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            const uint8_t* rg = rowp(16 * e + g);
+            const uint8_t* rg8 = rowp(16 * e + g + 8);
             if constexpr (FP4) {
-                // Thread t reads K-code words t + 4w (group w); word -> 2 k-steps.
+                // Thread t reads K-code words t + 4w (group w); word -> 2 k-steps, summed per
+                // group in FP32 and then scaled by the group's UE8M0 scale (exact power of 2).
+                constexpr int G = D / 32;
+                uint32_t sg[(G + 3) / 4], sg8[(G + 3) / 4];
+                load_scale_words<G>(rg + D / 2, sg);
+                load_scale_words<G>(rg8 + D / 2, sg8);
 #pragma unroll
-                for (int w = 0; w < D / 32; ++w) {
-                    const uint32_t f0 = uq_factor(rg[D / 2 + w]), f1 = uq_factor(rg8[D / 2 + w]);
+                for (int w = 0; w < G; ++w) {
+                    float acc[NT][4];
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
                     uint32_t a0[4], a1[4];
-                    decode_word(lds32<4>(rg + 4 * (t + 4 * w)), f0 | (f0 << 16), a0);
-                    decode_word(lds32<4>(rg8 + 4 * (t + 4 * w)), f1 | (f1 << 16), a1);
+                    decode_raw(lds32<4>(rg + 4 * (t + 4 * w)), a0);
+                    decode_raw(lds32<4>(rg8 + 4 * (t + 4 * w)), a1);
 #pragma unroll
                     for (int kl = 0; kl < 2; ++kl) {
                         const uint32_t a[4] = {a0[2 * kl], a1[2 * kl], a0[2 * kl + 1], a1[2 * kl + 1]};
 #pragma unroll
-                        for (int nt = 0; nt < NT; ++nt) mma_bf16(s[nt], a, qb[2 * w + kl][nt][0], qb[2 * w + kl][nt][1]);
+                        for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[nt], a, qb[2 * w + kl][nt][0], qb[2 * w + kl][nt][1]);
+                    }
+                    const float f0 = scale_f32<G>(sg, w), f1 = scale_f32<G>(sg8, w);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        s[nt][0] = fmaf(f0, acc[nt][0], s[nt][0]);
+                        s[nt][1] = fmaf(f0, acc[nt][1], s[nt][1]);
+                        s[nt][2] = fmaf(f1, acc[nt][2], s[nt][2]);
+                        s[nt][3] = fmaf(f1, acc[nt][3], s[nt][3]);
                     }
                 }
             } else {
@@ -515,35 +615,46 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
 
-        // ---- online softmax; P operand (B of O^T += V^T . P) by shuffles
-        uint32_t pb[NT][2];
+        // ---- online softmax over the TPI tiles; P operand (B of O^T += V^T . P) by shuffles
+        uint32_t pb[C::TPI][NT][2];
         bool rescale = false;
         float alpha[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            float x0 = (s[nt][0] + s[nt][1]) * sl;  // token tb + g, head 4nt + t
-            float x1 = (s[nt][2] + s[nt][3]) * sl;  // token tb + g + 8
-            if (tb + g >= t1) x0 = neg_inf();
-            if (tb + g + 8 >= t1) x1 = neg_inf();
-            float mx = fmaxf(x0, x1);
+            float x[C::TPI][2];
+            float mx = neg_inf();
+#pragma unroll
+            for (int e = 0; e < C::TPI; ++e) {
+                const int tb = tb0 + 16 * e;
+                x[e][0] = (sa_[e][nt][0] + sa_[e][nt][1]) * sl;  // token tb + g, head 4nt + t
+                x[e][1] = (sa_[e][nt][2] + sa_[e][nt][3]) * sl;  // token tb + g + 8
+                if (tb + g >= t1) x[e][0] = neg_inf();
+                if (tb + g + 8 >= t1) x[e][1] = neg_inf();
+                mx = fmaxf(mx, fmaxf(x[e][0], x[e][1]));
+            }
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 16));
-            const float mn = fmaxf(m[nt], mx);  // finite: a tile has >= 1 token
+            const float mn = fmaxf(m[nt], mx);  // finite: a stage has >= 1 token
             alpha[nt] = exp2f(m[nt] - mn);
             rescale |= alpha[nt] != 1.f;
-            const float p0 = exp2f(x0 - mn), p1 = exp2f(x1 - mn);
-            l[nt] = l[nt] * alpha[nt] + (p0 + p1);
-            m[nt] = mn;
-            const uint32_t k0 = split_part(p0, false) | (split_part(p0, true) << 16);
-            const uint32_t k1 = split_part(p1, false) | (split_part(p1, true) << 16);
-            // B fragment of thread (g, t): tokens 2t, 2t+1 (and +8) of column g.
+            float lsum = 0.f;
             const int src = 8 * t + (g >> 1);
-            const uint32_t x0a = __shfl_sync(FULL, k0, src), x0b = __shfl_sync(FULL, k0, src + 4);
-            const uint32_t x1a = __shfl_sync(FULL, k1, src), x1b = __shfl_sync(FULL, k1, src + 4);
             const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
-            pb[nt][0] = __byte_perm(x0a, x0b, sel);
-            pb[nt][1] = __byte_perm(x1a, x1b, sel);
+#pragma unroll
+            for (int e = 0; e < C::TPI; ++e) {
+                const float p0 = exp2f(x[e][0] - mn), p1 = exp2f(x[e][1] - mn);
+                lsum += p0 + p1;
+                const uint32_t k0 = split_part(p0 * qbias, false) | (split_part(p0 * qbias, true) << 16);
+                const uint32_t k1 = split_part(p1 * qbias, false) | (split_part(p1 * qbias, true) << 16);
+                // B fragment of thread (g, t): tokens 2t, 2t+1 (and +8) of column g.
+                const uint32_t x0a = __shfl_sync(FULL, k0, src), x0b = __shfl_sync(FULL, k0, src + 4);
+                const uint32_t x1a = __shfl_sync(FULL, k1, src), x1b = __shfl_sync(FULL, k1, src + 4);
+                pb[e][nt][0] = __byte_perm(x0a, x0b, sel);
+                pb[e][nt][1] = __byte_perm(x1a, x1b, sel);
+            }
+            l[nt] = l[nt] * alpha[nt] + lsum;
+            m[nt] = mn;
         }
         if (__any_sync(FULL, rescale)) {
 #pragma unroll
@@ -555,31 +666,41 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         }
 
         // ---- O^T += V^T . P (rows: d; A pairs = two tokens of one d)
-        {
-            const uint8_t* ra = rowp(2 * t);
-            const uint8_t* rb = rowp(2 * t + 1);
-            const uint8_t* rc = rowp(2 * t + 8);
-            const uint8_t* rd = rowp(2 * t + 9);
+#pragma unroll
+        for (int e = 0; e < C::TPI; ++e) {
+            const uint8_t* ra = rowp(16 * e + 2 * t);
+            const uint8_t* rb = rowp(16 * e + 2 * t + 1);
+            const uint8_t* rc = rowp(16 * e + 2 * t + 8);
+            const uint8_t* rd = rowp(16 * e + 2 * t + 9);
             if constexpr (FP4) {
-                // Thread g reads V-code words g + 8w (m-tiles 4w .. 4w + 3).
+                // Group j: thread g reads the codes of d = 32j + 4g .. +3 (16 bits) of its four
+                // tokens; m-tiles 2j, 2j + 1 (see vd). The V scale of (token, group) is
+                // folded into P (exact: a power of 2 times a bf16), per token pair.
+                constexpr int G = D / 32;
+                uint32_t sa[(G + 3) / 4], sb[(G + 3) / 4], sc[(G + 3) / 4], sd[(G + 3) / 4];
+                load_scale_words<G>(ra + kVS<D>, sa);
+                load_scale_words<G>(rb + kVS<D>, sb);
+                load_scale_words<G>(rc + kVS<D>, sc);
+                load_scale_words<G>(rd + kVS<D>, sd);
 #pragma unroll
-                for (int w = 0; w < D / 64; ++w) {
-                    const int wo = kVC<D> + 4 * (g + 8 * w);
-                    const uint32_t wa = lds32<kVC<D>>(ra + wo), wb = lds32<kVC<D>>(rb + wo);
-                    const uint32_t wc = lds32<kVC<D>>(rc + wo), wd = lds32<kVC<D>>(rd + wo);
-                    const int grp = (g >> 2) + 2 * w;
-                    const uint32_t sab = uq_factor(ra[kVS<D> + grp]) | (uq_factor(rb[kVS<D> + grp]) << 16);
-                    const uint32_t scd = uq_factor(rc[kVS<D> + grp]) | (uq_factor(rd[kVS<D> + grp]) << 16);
-                    uint32_t ab[8], cd[8];  // [n] = (token a/c nibble n, token b/d nibble n)
-                    decode_word(__byte_perm(wa, wb, 0x5410), sab, ab);
-                    decode_word(__byte_perm(wa, wb, 0x7632), sab, ab + 4);
-                    decode_word(__byte_perm(wc, wd, 0x5410), scd, cd);
-                    decode_word(__byte_perm(wc, wd, 0x7632), scd, cd + 4);
+                for (int j = 0; j < G; ++j) {
+                    const int wo = kVC<D> + 16 * j + 2 * g;
+                    const uint32_t ha = *reinterpret_cast<const uint16_t*>(ra + wo);
+                    const uint32_t hb = *reinterpret_cast<const uint16_t*>(rb + wo);
+                    const uint32_t hc = *reinterpret_cast<const uint16_t*>(rc + wo);
+                    const uint32_t hd = *reinterpret_cast<const uint16_t*>(rd + wo);
+                    uint32_t ab[4], cd[4];  // [r] = (token a/c, token b/d) at d = 32j + 4g + r
+                    decode_raw(ha | (hb << 16), ab);
+                    decode_raw(hc | (hd << 16), cd);
+                    const uint32_t fab = scale_pair_bf16<G>(sa, sb, j), fcd = scale_pair_bf16<G>(sc, sd, j);
 #pragma unroll
-                    for (int il = 0; il < 4; ++il) {
-                        const uint32_t a[4] = {ab[2 * il], ab[2 * il + 1], cd[2 * il], cd[2 * il + 1]};
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const uint32_t b0 = bf16x2_mul(pb[e][nt][0], fab), b1 = bf16x2_mul(pb[e][nt][1], fcd);
 #pragma unroll
-                        for (int nt = 0; nt < NT; ++nt) mma_bf16(o[4 * w + il][nt], a, pb[nt][0], pb[nt][1]);
+                        for (int h = 0; h < 2; ++h) {
+                            const uint32_t a[4] = {ab[2 * h], ab[2 * h + 1], cd[2 * h], cd[2 * h + 1]};
+                            mma_bf16(o[2 * j + h][nt], a, b0, b1);
+                        }
                     }
                 }
             } else {
@@ -593,7 +714,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                     const uint32_t a[4] = {__byte_perm(wa, wb, 0x5410), __byte_perm(wa, wb, 0x7632),
                                            __byte_perm(wc, wd, 0x5410), __byte_perm(wc, wd, 0x7632)};
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) mma_bf16(o[i][nt], a, pb[nt][0], pb[nt][1]);
+                    for (int nt = 0; nt < NT; ++nt) mma_bf16(o[i][nt], a, pb[e][nt][0], pb[e][nt][1]);
                 }
             }
         }
@@ -625,7 +746,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         }
     }
     __syncthreads();
-    const float unbias = FP4 ? 0x1p64f : 1.f;
+    const float unbias = FP4 ? 0x1p62f : 1.f;
     for (int idx = threadIdx.x; idx < C::HC * D; idx += C::THREADS) {
         const int j = idx / D, d = idx - j * D;
         if (head0 + j >= p.group) continue;
@@ -718,9 +839,32 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
     __syncthreads();
     const float ll = lsum;
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (size_t(b) * p.q_heads + qh) * p.head_dim;
-    for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-        float acc = 0.f;
-        for (int s = 0; s < p.splits; ++s) acc += ws[s] * p.part_o[(base + s) * p.head_dim + d];
-        out[d] = __float2bfloat16_rn(ll > 0.f ? acc / ll : 0.f);
+    // Thread (d, j) sums splits j, j + J, ... of element d (J = blockDim / head_dim lanes per
+    // d, 8 independent loads in flight each), then the J partial sums meet in shared memory.
+    __shared__ float part[128];
+    const int J = max(1, int(blockDim.x) / p.head_dim);
+    const int d0 = threadIdx.x % p.head_dim, j0 = threadIdx.x / p.head_dim;
+    for (int d = d0; d < p.head_dim; d += blockDim.x) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        int s = j0;
+        for (; s + 7 * J < p.splits; s += 8 * J) {
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc[u] += ws[s + u * J] * __ldcg(p.part_o + (base + s + u * J) * p.head_dim + d);
+        }
+        for (; s < p.splits; s += J) acc[0] += ws[s] * __ldcg(p.part_o + (base + s) * p.head_dim + d);
+        const float a = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        if (J == 1) {
+            out[d] = __float2bfloat16_rn(ll > 0.f ? a / ll : 0.f);
+        } else {
+            part[threadIdx.x] = a;
+        }
+    }
+    if (J > 1) {
+        __syncthreads();
+        if (threadIdx.x < p.head_dim) {
+            float a = 0.f;
+            for (int j = 0; j < J; ++j) a += part[j * p.head_dim + threadIdx.x];
+            out[threadIdx.x] = __float2bfloat16_rn(ll > 0.f ? a / ll : 0.f);
+        }
     }
 }

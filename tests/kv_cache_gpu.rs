@@ -5,7 +5,8 @@
 //! * Decode attention, UltraQuant and BF16 caches, against the CPU forward on the same K/V:
 //!   head_dim 64/128/256, contexts 1, 17, 97, 4097 (and 32768 for one configuration),
 //!   batch 1 and 3 with different lengths, GQA 4:1 (plus 1:1, 3:1, 8:1, 20:1), split counts
-//!   forced to 1 (the kernel writes the output) and to several (partials + combine).
+//!   forced to 1 (the kernel writes the output) and to several (partials + combine); K/V
+//!   with per-group power-of-two factors (V over 2^-40 .. 2^40) and all-zero groups.
 //!
 //! Tolerance GPU vs CPU: both approximate the same attention. The CPU forward is f32 (error
 //! ~1e-6 relative); the kernel splits q and the softmax weights into BF16 hi + lo pairs
@@ -238,6 +239,59 @@ fn attention_long_context() {
     };
     let (a, g) = twin(KvCacheKind::UltraQuant, sh, &[32767], 1, 32768);
     check_attention(&a, &g, 32, 7, "UltraQuant d=128 n=32768 GQA 4:1");
+}
+
+/// BF16 values whose 32-value groups (the UltraQuant scale groups: K is rotated within the
+/// head, so for K this spreads the scale across groups) carry random power-of-two factors in
+/// `2^lo ..= 2^hi`, and one group in 8 is all zero (scale byte 0, the zero sentinel).
+fn wide_bf16(rng: &mut StdRng, n: usize, lo: i32, hi: i32) -> Vec<bf16> {
+    use rand::Rng;
+    let mut x = gaussian_bf16(rng, n, 1.0);
+    for g in x.chunks_mut(32) {
+        let f = if rng.random_range(0..8) == 0 {
+            0.0
+        } else {
+            2f32.powi(rng.random_range(lo..=hi))
+        };
+        for v in g.iter_mut() {
+            *v = bf16::from_f32(v.to_f32() * f);
+        }
+    }
+    x
+}
+
+/// Scales far from 1 and zero groups: the kernel applies the UE8M0 scales outside the MMA
+/// (K: to per-group FP32 sums; V: folded into the softmax weights), so every group of every
+/// token has its own scale here, V over 2^-40 .. 2^40 and K (rotated, so mixed within the
+/// head) over 2^-6 .. 2^2 (wider K makes the softmax one-hot and tests nothing more).
+#[test]
+fn attention_wide_scales() {
+    let (dev, cpu) = (gpu(), Device::Cpu);
+    for d in [64, 128, 256] {
+        for n in [97usize, 1000] {
+            let sh = CacheShape {
+                batch: 1,
+                capacity: n,
+                kv_heads: 2,
+                head_dim: d,
+            };
+            let mut rng = StdRng::seed_from_u64((d + n) as u64);
+            let k = wide_bf16(&mut rng, n * 2 * d, -6, 2);
+            let v = wide_bf16(&mut rng, n * 2 * d, -40, 40);
+            let mut a = KvCache::new(KvCacheKind::UltraQuant, sh, &cpu).unwrap();
+            let mut g = KvCache::new(KvCacheKind::UltraQuant, sh, &dev).unwrap();
+            let t = |x: &[bf16], dv: &Device| Tensor::from_slice(x, &[1, n, 2, d][..], dv).unwrap();
+            a.append(&t(&k, &cpu), &t(&v, &cpu)).unwrap();
+            g.append(&t(&k, &dev), &t(&v, &dev)).unwrap();
+            check_attention(
+                &a,
+                &g,
+                8,
+                11,
+                &format!("UltraQuant wide scales d={d} n={n}"),
+            );
+        }
+    }
 }
 
 #[test]

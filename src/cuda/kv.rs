@@ -213,7 +213,8 @@ fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
         4 * d + 16
     };
     let hc = 4 * nt;
-    let stages = nw * nstage * 16 * srow;
+    let tpi = if fp4 { 2 } else { 1 }; // 16-token tiles per stage buffer
+    let stages = nw * nstage * 16 * tpi * srow;
     let red_o = nw * hc * d * 4;
     let smem = stages.max(red_o) + hc * d * 4 + 2 * nw * hc * 4;
     (nw, smem)
