@@ -7,7 +7,12 @@
 //! the logits themselves come out of `lm_head` as BF16. That last rounding alone is up to
 //! half a BF16 ulp, 2⁻⁸·|logit| (≈ 0.0039 for the |logits| ≤ 1.02 here); the BF16
 //! roundings upstream add a few 1e-4 through two small layers. We allow one full ulp,
-//! 2⁻⁷·max(1, max|ref|), per element, and demand every argmax to agree.
+//! 2⁻⁷·max(1, max|ref|), per element, and demand every argmax to agree up to that
+//! tolerance: our argmax must be a token whose reference logit is within 2·tolerance of
+//! the reference maximum (with every logit allowed to be off by the tolerance, closer
+//! tokens are ties; e.g. row 7 of the BF16 reference has its top two 0.0004 apart,
+//! a tenth of a BF16 ulp, so which of them wins depends on the FP32 summation order of
+//! the CPU GEMV kernel).
 
 use candle_core::{Device, Tensor};
 use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
@@ -55,7 +60,8 @@ fn bf16_dir() -> tempfile::TempDir {
     d
 }
 
-/// (max |a − b|, number of rows whose argmax agrees).
+/// (max |a − b|, number of rows whose argmax agrees up to ties: `b` at `a`'s argmax is
+/// within 2·tolerance(b) of `b`'s maximum).
 fn compare(a: &Tensor, b: &Tensor) -> (f32, usize) {
     assert_eq!(a.dims(), b.dims());
     let max = (a - b)
@@ -67,8 +73,13 @@ fn compare(a: &Tensor, b: &Tensor) -> (f32, usize) {
         .to_scalar::<f32>()
         .unwrap();
     let aa = a.argmax(1).unwrap().to_vec1::<u32>().unwrap();
-    let bb = b.argmax(1).unwrap().to_vec1::<u32>().unwrap();
-    (max, aa.iter().zip(&bb).filter(|(x, y)| x == y).count())
+    let bv = b.to_vec2::<f32>().unwrap();
+    let tie = 2.0 * tolerance(b);
+    let agree = aa.iter().zip(&bv).filter(|(&i, row)| {
+        let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        row[i as usize] >= top - tie
+    });
+    (max, agree.count())
 }
 
 fn tolerance(reference: &Tensor) -> f32 {

@@ -1,12 +1,28 @@
-//! CPU forward of the GEMV ops: the oracle for the CUDA kernels.
+//! CPU forward of the GEMV ops: the scalar oracle the CUDA kernels are tested against,
+//! and SIMD row kernels (x86-64 AVX2 + FMA, chosen at run time) with the same numerics.
 //!
-//! Rows of the weight are dequantized on the fly (one row of K FP32 values per worker
-//! thread, never a full copy of the weight), then dotted with every token.
+//! Every path converts `x` to FP32 once per call, computes the FP32 accumulator
+//! `acc[row][token] = Σ_k x_k · w_k` over exactly dequantized weights (rows split
+//! across rayon tasks), then runs one shared epilogue (global scale on the accumulator,
+//! one BF16 rounding, optional `silu(gate)·up`). The paths differ only in the FP32
+//! summation order.
+//!
+//! * [`CpuKernel::Scalar`] (the oracle): each weight row is decoded into an FP32 buffer,
+//!   then dotted with every token (eight interleaved FP32 sums).
+//! * [`CpuKernel::Avx2`] / [`CpuKernel::Avx512`]: one NVFP4 block (16 weights) is
+//!   decoded per step into two 8-lane vectors / one 16-lane vector in registers
+//!   (`pshufb` table of `2·e2m1`, int → FP32, times `e4m3/2`: exact) and used for up
+//!   to 4 tokens at once; BF16 weights are widened with a shift. See `cpu_avx2` and
+//!   `cpu_avx512`.
+//!
+//! [`gemv_cpu`] picks the fastest kernel the CPU runs (checked once at run time);
+//! `CANDLE_FP4_CPU_GEMV=scalar|avx2|avx512` overrides the choice.
 
 use crate::nvfp4::{e2m1_decode, e4m3_decode, swizzled_offset, BLOCK_SIZE};
 use candle_core::{bail, Result};
 use half::bf16;
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// Where the weight rows come from.
 #[derive(Debug, Clone, Copy)]
@@ -27,12 +43,78 @@ pub enum WeightRows<'a> {
     },
 }
 
+/// Which CPU implementation computes the GEMV's FP32 accumulators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CpuKernel {
+    /// Portable scalar code: the numerical oracle.
+    Scalar,
+    /// x86-64 AVX2 + FMA (8 FP32 lanes), for `K % 32 == 0`.
+    Avx2,
+    /// x86-64 AVX-512 F + BW (16 FP32 lanes), for `K % 64 == 0`.
+    Avx512,
+}
+
+impl CpuKernel {
+    /// Every kernel, in order of preference (fastest last).
+    pub const ALL: [CpuKernel; 3] = [CpuKernel::Scalar, CpuKernel::Avx2, CpuKernel::Avx512];
+
+    /// Whether this CPU can run the kernel (checked at run time).
+    pub fn is_available(self) -> bool {
+        match self {
+            CpuKernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            CpuKernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(target_arch = "x86_64")]
+            CpuKernel::Avx512 => super::cpu_avx512::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            CpuKernel::Avx2 | CpuKernel::Avx512 => false,
+        }
+    }
+
+    /// Whether the kernel handles rows of `k` values (else the scalar loop runs).
+    fn supports_k(self, k: usize) -> bool {
+        match self {
+            CpuKernel::Scalar => true,
+            CpuKernel::Avx2 => k.is_multiple_of(32),
+            CpuKernel::Avx512 => k.is_multiple_of(64),
+        }
+    }
+
+    /// The kernel [`gemv_cpu`] uses: the fastest available one, unless the environment
+    /// variable `CANDLE_FP4_CPU_GEMV` names an available one (`scalar`, `avx2`,
+    /// `avx512`; read once).
+    pub fn detect() -> CpuKernel {
+        static KERNEL: OnceLock<CpuKernel> = OnceLock::new();
+        *KERNEL.get_or_init(|| {
+            let asked = std::env::var("CANDLE_FP4_CPU_GEMV").unwrap_or_default();
+            let named = Self::ALL
+                .into_iter()
+                .find(|k| format!("{k:?}").eq_ignore_ascii_case(&asked));
+            if let Some(k) = named.filter(|k| k.is_available()) {
+                return k;
+            }
+            Self::ALL
+                .into_iter()
+                .rev()
+                .find(|k| k.is_available())
+                .unwrap_or(CpuKernel::Scalar)
+        })
+    }
+}
+
 fn e2m1_pair_table() -> [[f32; 2]; 256] {
     let mut t = [[0f32; 2]; 256];
     for (b, e) in t.iter_mut().enumerate() {
         *e = [e2m1_decode(b as u8 & 0xF), e2m1_decode(b as u8 >> 4)];
     }
     t
+}
+
+/// `e4m3_decode(b) / 2` for every byte (exact: no FP32 underflow), the block scale the
+/// SIMD kernels multiply their `2·e2m1` integers by.
+pub(crate) fn half_e4m3_table() -> &'static [f32; 256] {
+    static T: OnceLock<[f32; 256]> = OnceLock::new();
+    T.get_or_init(|| std::array::from_fn(|b| e4m3_decode(b as u8) * 0.5))
 }
 
 impl WeightRows<'_> {
@@ -66,7 +148,12 @@ impl WeightRows<'_> {
         match *self {
             WeightRows::Nvfp4 { codes, scales, sp } => {
                 let np = n.div_ceil(128) * 128;
-                if codes.len() != n * k / 2 || scales.len() != np * sp || sp < k / BLOCK_SIZE {
+                if !k.is_multiple_of(BLOCK_SIZE)
+                    || codes.len() != n * k / 2
+                    || scales.len() != np * sp
+                    || sp < k / BLOCK_SIZE
+                    || !sp.is_multiple_of(4)
+                {
                     bail!("gemv: NVFP4 weight buffers do not match N = {n}, K = {k}");
                 }
             }
@@ -77,6 +164,23 @@ impl WeightRows<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Row `row`'s block scales as `e4m3 / 2` (FP32), read from the swizzled layout
+    /// (4 consecutive blocks of a row are adjacent bytes; groups of 4 are 512 apart).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn half_scales(&self, row: usize, k: usize, dst: &mut Vec<f32>) {
+        dst.clear();
+        if let WeightRows::Nvfp4 { scales, sp, .. } = *self {
+            let t = half_e4m3_table();
+            let groups = (k / BLOCK_SIZE).div_ceil(4);
+            let base = swizzled_offset(row, 0, sp);
+            for g in 0..groups {
+                let q = &scales[base + g * 512..base + g * 512 + 4];
+                dst.extend(q.iter().map(|&b| t[b as usize]));
+            }
+            dst.truncate(k / BLOCK_SIZE);
+        }
     }
 }
 
@@ -98,10 +202,47 @@ pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
-/// The CPU GEMV. `x` holds `m` rows of `k` BF16 values with row stride `rs`; returns
-/// BF16 `[m, n]` (or `[m, n/2]` with `silu_mul`) with the numerics of the module docs.
+/// The CPU GEMV with the kernel [`CpuKernel::detect`] picks. `x` holds `m` rows of `k`
+/// BF16 values with row stride `rs`; returns BF16 `[m, n]` (or `[m, n/2]` with
+/// `silu_mul`) with the numerics of the module docs.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_cpu(
+    x: &[bf16],
+    rs: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    rows: &WeightRows<'_>,
+    global_scale: f32,
+    silu_mul: bool,
+) -> Result<Vec<bf16>> {
+    let kernel = CpuKernel::detect();
+    gemv_cpu_with(kernel, x, rs, m, k, n, rows, global_scale, silu_mul)
+}
+
+/// The scalar CPU GEMV, the oracle of every other implementation (same arguments as
+/// [`gemv_cpu`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_cpu_scalar(
+    x: &[bf16],
+    rs: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    rows: &WeightRows<'_>,
+    global_scale: f32,
+    silu_mul: bool,
+) -> Result<Vec<bf16>> {
+    let kernel = CpuKernel::Scalar;
+    gemv_cpu_with(kernel, x, rs, m, k, n, rows, global_scale, silu_mul)
+}
+
+/// The CPU GEMV with an explicit [`CpuKernel`] (an error if this CPU cannot run it).
+/// For a `k` the kernel does not handle (AVX2: `k % 32 != 0`, AVX-512: `k % 64 != 0`;
+/// the ops require `k % 64 == 0`) the scalar kernel runs.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_cpu_with(
+    kernel: CpuKernel,
     x: &[bf16],
     rs: usize,
     m: usize,
@@ -121,27 +262,86 @@ pub fn gemv_cpu(
     if silu_mul && !n.is_multiple_of(2) {
         bail!("gemv: silu_mul needs an even N, got {n}");
     }
+    if !kernel.is_available() {
+        bail!("gemv: this CPU cannot run the {kernel:?} kernel");
+    }
+    let kernel = if kernel.supports_k(k) {
+        kernel
+    } else {
+        CpuKernel::Scalar
+    };
     let xf: Vec<f32> = (0..m)
         .flat_map(|i| x[i * rs..i * rs + k].iter().map(|v| v.to_f32()))
         .collect();
-    let pairs = e2m1_pair_table();
-    // acc[row * m + token], rows split across threads in chunks.
+    let acc = accumulate(kernel, rows, &xf, m, k, n)?;
+    Ok(epilogue(&acc, m, n, global_scale, silu_mul))
+}
+
+/// Rows per rayon task.
+const ROWS_PER_TASK: usize = 32;
+
+/// `acc[row * m + token]`, FP32, rows split across rayon tasks (run inline when the
+/// pool has one thread).
+fn accumulate(
+    kernel: CpuKernel,
+    rows: &WeightRows<'_>,
+    xf: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<Vec<f32>> {
     let mut acc = vec![0f32; n * m];
-    const ROWS_PER_TASK: usize = 16;
-    acc.par_chunks_mut(ROWS_PER_TASK * m)
-        .enumerate()
-        .for_each_init(
-            || vec![0f32; k],
-            |wrow, (task, out)| {
-                for (r, o) in out.chunks_exact_mut(m).enumerate() {
-                    let row = task * ROWS_PER_TASK + r;
-                    rows.decode_row(row, k, &pairs, wrow);
-                    for (t, v) in o.iter_mut().enumerate() {
-                        *v = dot(&xf[t * k..(t + 1) * k], wrow);
-                    }
+    let task = |scratch: &mut Vec<f32>, (t, out): (usize, &mut [f32])| -> Result<()> {
+        rows_chunk(kernel, rows, xf, m, k, t * ROWS_PER_TASK, out, scratch)
+    };
+    if rayon::current_num_threads() == 1 {
+        let mut scratch = vec![];
+        for item in acc.chunks_mut(ROWS_PER_TASK * m).enumerate() {
+            task(&mut scratch, item)?;
+        }
+    } else {
+        acc.par_chunks_mut(ROWS_PER_TASK * m)
+            .enumerate()
+            .try_for_each_init(Vec::new, task)?;
+    }
+    Ok(acc)
+}
+
+/// Accumulators of rows `row0..row0 + out.len() / m` into `out` (`[row][token]`).
+#[allow(clippy::too_many_arguments)]
+fn rows_chunk(
+    kernel: CpuKernel,
+    rows: &WeightRows<'_>,
+    xf: &[f32],
+    m: usize,
+    k: usize,
+    row0: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    match kernel {
+        CpuKernel::Scalar => {
+            let pairs = e2m1_pair_table();
+            scratch.resize(k, 0.0);
+            for (r, o) in out.chunks_exact_mut(m).enumerate() {
+                rows.decode_row(row0 + r, k, &pairs, scratch);
+                for (t, v) in o.iter_mut().enumerate() {
+                    *v = dot(&xf[t * k..(t + 1) * k], scratch);
                 }
-            },
-        );
+            }
+            Ok(())
+        }
+        #[cfg(target_arch = "x86_64")]
+        CpuKernel::Avx2 => super::cpu_avx2::rows_avx2(rows, xf, m, k, row0, out, scratch),
+        #[cfg(target_arch = "x86_64")]
+        CpuKernel::Avx512 => super::cpu_avx512::rows_avx512(rows, xf, m, k, row0, out, scratch),
+        #[cfg(not(target_arch = "x86_64"))]
+        CpuKernel::Avx2 | CpuKernel::Avx512 => bail!("gemv: {kernel:?} needs x86-64"),
+    }
+}
+
+/// Global scale, one BF16 rounding, optional `silu(gate)·up`.
+fn epilogue(acc: &[f32], m: usize, n: usize, global_scale: f32, silu_mul: bool) -> Vec<bf16> {
     let round = |v: f32| bf16::from_f32(v * global_scale);
     let mut out;
     if silu_mul {
@@ -162,5 +362,5 @@ pub fn gemv_cpu(
             }
         }
     }
-    Ok(out)
+    out
 }

@@ -12,8 +12,12 @@
 //! the previous kernel's tail); it has no effect on the CPU.
 
 mod cpu;
+#[cfg(target_arch = "x86_64")]
+mod cpu_avx2;
+#[cfg(target_arch = "x86_64")]
+mod cpu_avx512;
 
-pub use cpu::{gemv_cpu, WeightRows};
+pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use candle_core::{

@@ -1,0 +1,167 @@
+//! x86-64 AVX-512 row kernels of the CPU GEMV (see `cpu` for the numerics, `cpu_avx2`
+//! for the AVX2 version of the same scheme).
+//!
+//! One NVFP4 block (16 weights, 8 code bytes) is one 16-lane vector: the nibbles index a
+//! `pshufb` table of `2·e2m1` (integers −12..=12), widened to 32-bit, converted to FP32
+//! and multiplied by `e4m3/2`, all exact, so each lane holds exactly `e2m1 · e4m3`.
+//! BF16 weights are widened by a 16-bit shift (exact). The FP32 products are summed in
+//! FP32 with FMA, up to 4 tokens per decoded block, 4 independent blocks in flight.
+
+use super::cpu::WeightRows;
+use candle_core::{bail, Result};
+use half::bf16;
+use std::arch::x86_64::*;
+
+/// Tokens per kernel call: the weights decoded once are used for this many tokens.
+const MAX_T: usize = 4;
+
+/// Whether this CPU runs the kernels of this module.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+}
+
+/// 16 weights of one NVFP4 block (8 code bytes, low nibble first), exactly
+/// `e2m1 · 2·half_scale`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn decode_nvfp4(c: &[u8; 8], half_scale: f32) -> __m512 {
+    let lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    let v = _mm_cvtsi64_si128(i64::from_le_bytes(*c));
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(v, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
+    let q = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
+    let w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+    _mm512_mul_ps(w, _mm512_set1_ps(half_scale))
+}
+
+/// 16 BF16 weights as one FP32 vector (exact).
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn decode_bf16(w: &[bf16; 16]) -> __m512 {
+    // SAFETY: `w` is 16 BF16 values = 32 readable bytes; unaligned load.
+    let v = unsafe { _mm256_loadu_si256(w.as_ptr().cast()) };
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+}
+
+/// `acc[t] += w · x[t]` for the tokens' 16 values of one block.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn fma_tokens<const T: usize>(acc: &mut [__m512; T], w: __m512, x: [&[f32; 16]; T]) {
+    for t in 0..T {
+        // SAFETY: `x[t]` holds 16 FP32 values: one unaligned 16-lane load.
+        let xv = unsafe { _mm512_loadu_ps(x[t].as_ptr()) };
+        acc[t] = _mm512_fmadd_ps(w, xv, acc[t]);
+    }
+}
+
+/// One weight row dotted with `T` token rows over `blocks` 16-value blocks (a multiple
+/// of 4). `NV` says which weight slices are used (the other is empty). Blocks `b` go to
+/// accumulator set `b % 4` for `T = 1`, `b % 2` for `T = 2`, one set for `T = 4`.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn row_dot<const T: usize, const NV: bool>(
+    codes: &[[u8; 8]],
+    half_scales: &[f32],
+    w: &[[bf16; 16]],
+    x: [&[[f32; 16]]; T],
+    blocks: usize,
+) -> [f32; T] {
+    let zero = _mm512_setzero_ps();
+    let mut acc = [[zero; T]; 4];
+    let (codes, half_scales, w) = if NV {
+        (&codes[..blocks], &half_scales[..blocks], w)
+    } else {
+        (codes, half_scales, &w[..blocks])
+    };
+    let x: [&[[f32; 16]]; T] = std::array::from_fn(|t| &x[t][..blocks]);
+    for b in (0..blocks).step_by(4) {
+        for j in 0..4 {
+            let wv = if NV {
+                decode_nvfp4(&codes[b + j], half_scales[b + j])
+            } else {
+                decode_bf16(&w[b + j])
+            };
+            let set = match T {
+                1 => j,
+                2 => j % 2,
+                _ => 0,
+            };
+            fma_tokens(&mut acc[set], wv, std::array::from_fn(|t| &x[t][b + j]));
+        }
+    }
+    std::array::from_fn(|t| {
+        let s = _mm512_add_ps(
+            _mm512_add_ps(acc[0][t], acc[1][t]),
+            _mm512_add_ps(acc[2][t], acc[3][t]),
+        );
+        _mm512_reduce_add_ps(s)
+    })
+}
+
+/// One weight row against every token, `T` at a time: `out[t]` for `t < m`.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn row_all_tokens<const NV: bool>(
+    codes: &[[u8; 8]],
+    half_scales: &[f32],
+    w: &[[bf16; 16]],
+    xb: &[&[[f32; 16]]],
+    blocks: usize,
+    out: &mut [f32],
+) {
+    let mut t0 = 0;
+    while t0 < xb.len() {
+        let left = xb.len() - t0;
+        if left >= MAX_T {
+            let x: [_; MAX_T] = std::array::from_fn(|i| xb[t0 + i]);
+            let y = row_dot::<MAX_T, NV>(codes, half_scales, w, x, blocks);
+            out[t0..t0 + MAX_T].copy_from_slice(&y);
+            t0 += MAX_T;
+        } else if left >= 2 {
+            let x = [xb[t0], xb[t0 + 1]];
+            let y = row_dot::<2, NV>(codes, half_scales, w, x, blocks);
+            out[t0..t0 + 2].copy_from_slice(&y);
+            t0 += 2;
+        } else {
+            out[t0] = row_dot::<1, NV>(codes, half_scales, w, [xb[t0]], blocks)[0];
+            t0 += 1;
+        }
+    }
+}
+
+/// AVX-512 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
+/// `k % 64 == 0`. `scratch` holds one row's decoded block scales.
+pub(super) fn rows_avx512(
+    rows: &WeightRows<'_>,
+    xf: &[f32],
+    m: usize,
+    k: usize,
+    row0: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    if !available() {
+        bail!("gemv: the AVX-512 kernel needs AVX-512 F and BW");
+    }
+    if !k.is_multiple_of(64) || xf.len() != m * k {
+        bail!("gemv: the AVX-512 kernel needs K % 64 == 0 and x of [{m}, {k}]");
+    }
+    let blocks = k / 16;
+    let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();
+    for (r, o) in out.chunks_exact_mut(m).enumerate() {
+        let row = row0 + r;
+        match *rows {
+            WeightRows::Nvfp4 { codes, .. } => {
+                rows.half_scales(row, k, scratch);
+                let c = codes[row * k / 2..(row + 1) * k / 2].as_chunks().0;
+                // SAFETY: AVX-512 F and BW were detected above.
+                unsafe { row_all_tokens::<true>(c, scratch, &[], &xb, blocks, o) };
+            }
+            WeightRows::Bf16 { w } => {
+                let w = w[row * k..(row + 1) * k].as_chunks().0;
+                // SAFETY: AVX-512 F and BW were detected above.
+                unsafe { row_all_tokens::<false>(&[], &[], w, &xb, blocks, o) };
+            }
+        }
+    }
+    Ok(())
+}
