@@ -6,7 +6,7 @@
 //
 // Hopper and older (no E2M1 convert): a nibble `s e1 e0 m` becomes the bf16 bit pattern
 // `s 0000000e1 e0m000000`, i.e. e2m1 * 2^-126 (a subnormal for e = 0, which bf16 mul keeps),
-// with one shift and one lop3 per pair; `mul.rn.bf16x2` by `e4m3 * 2^118` rescales it.
+// with a mask, a multiply and a mask per pair; `mul.rn.bf16x2` by `e4m3 * 2^118` rescales it.
 // Pairs are (nibble i, nibble i+4) of each 32-bit word: x must be permuted the same way.
 //
 // SM100 (sm_100a): `cvt.rn.f16x2.e2m1x2` decodes a byte (low nibble -> low half) to
@@ -81,13 +81,16 @@ __device__ __forceinline__ void decode_word(uint32_t q, uint32_t sc, uint32_t ou
         out[r] = bf16x2_mul(bf, sc);
     }
 #else
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        // Nibble r -> bits 15..12, nibble r+4 -> bits 31..28.
-        const uint32_t v = q << (12 - 4 * r);
-        const uint32_t bf = (v & 0x80008000u) | ((v >> 6) & 0x01c001c0u);
-        out[r] = bf16x2_mul(bf, sc);
-    }
+    // Per pair: isolate nibbles r and r+4 (one per 16-bit half, at bits 0..3 or 4..7); one
+    // multiply makes two copies, (x << 12) + (x << 6) (or << 8, << 2), that cannot carry
+    // into each other; the mask keeps the sign of one and e1 e0 m of the other. 3.25
+    // integer ops per pair instead of 4, and the multiply runs on the FMA pipe.
+    constexpr uint32_t M = 0x81c081c0u;
+    const uint32_t q8 = q >> 8;  // nibbles 2, 3 -> 0, 1 and 6, 7 -> 4, 5
+    out[0] = bf16x2_mul(((q & 0x000f000fu) * 0x1040u) & M, sc);
+    out[1] = bf16x2_mul(((q & 0x00f000f0u) * 0x0104u) & M, sc);
+    out[2] = bf16x2_mul(((q8 & 0x000f000fu) * 0x1040u) & M, sc);
+    out[3] = bf16x2_mul(((q8 & 0x00f000f0u) * 0x0104u) & M, sc);
 #endif
 }
 
