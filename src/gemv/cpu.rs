@@ -166,20 +166,20 @@ impl WeightRows<'_> {
         Ok(())
     }
 
-    /// Row `row`'s block scales as `e4m3 / 2` (FP32), read from the swizzled layout
-    /// (4 consecutive blocks of a row are adjacent bytes; groups of 4 are 512 apart).
+    /// Row `row`'s block scales as `e4m3 / 2` (FP32) into `dst` (`k / 16` values), read
+    /// from the swizzled layout (4 consecutive blocks of a row are adjacent bytes;
+    /// groups of 4 are 512 bytes apart). Leaves `dst` alone for a BF16 weight.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) fn half_scales(&self, row: usize, k: usize, dst: &mut Vec<f32>) {
-        dst.clear();
+    pub(crate) fn half_scales(&self, row: usize, dst: &mut [f32]) {
         if let WeightRows::Nvfp4 { scales, sp, .. } = *self {
             let t = half_e4m3_table();
-            let groups = (k / BLOCK_SIZE).div_ceil(4);
             let base = swizzled_offset(row, 0, sp);
-            for g in 0..groups {
-                let q = &scales[base + g * 512..base + g * 512 + 4];
-                dst.extend(q.iter().map(|&b| t[b as usize]));
+            for (g, d) in dst.chunks_mut(4).enumerate() {
+                let q = &scales[base + g * 512..];
+                for (v, b) in d.iter_mut().zip(q) {
+                    *v = t[*b as usize];
+                }
             }
-            dst.truncate(k / BLOCK_SIZE);
         }
     }
 }

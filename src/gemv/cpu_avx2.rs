@@ -188,7 +188,8 @@ pub(super) fn rows_avx2(
         let row = row0 + r;
         let w = match *rows {
             WeightRows::Nvfp4 { codes, .. } => {
-                rows.half_scales(row, k, scratch);
+                scratch.resize(blocks, 0.0);
+                rows.half_scales(row, scratch);
                 Row::Nvfp4 {
                     codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
                     half_scales: scratch,

@@ -151,7 +151,8 @@ pub(super) fn rows_avx512(
         let row = row0 + r;
         match *rows {
             WeightRows::Nvfp4 { codes, .. } => {
-                rows.half_scales(row, k, scratch);
+                scratch.resize(blocks, 0.0);
+                rows.half_scales(row, scratch);
                 let c = codes[row * k / 2..(row + 1) * k / 2].as_chunks().0;
                 // SAFETY: AVX-512 F and BW were detected above.
                 unsafe { row_all_tokens::<true>(c, scratch, &[], &xb, blocks, o) };
