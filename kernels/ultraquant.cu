@@ -8,7 +8,8 @@
 //   normalized Walsh-Hadamard transform H_D / sqrt(D); V is not rotated. The allocation is
 //   16-byte aligned and has at least 15 bytes of padding after the last slot (the attention
 //   kernel copies whole 16-byte chunks around each slot).
-//   BF16 cache (same attention kernel, FP4 = false): K and V bf16 [batch][capacity][kv_heads][D].
+//   BF16 cache (same attention kernel, FP4 = false): K and V bf16 [batch][capacity][kv_heads][D],
+//   D in {64, 80, 96, 128, 256}.
 //
 // Store (cfp4_uq_store_d*): one warp per (token, head), lane l holding elements
 // l*D/32 .. of K (then V). Bit for bit the CPU encoder: the Walsh-Hadamard butterfly in the
@@ -805,6 +806,10 @@ CFP4_KV_ATTN(true, uq, 128, 2)
 CFP4_KV_ATTN(true, uq, 256, 1)
 CFP4_KV_ATTN(false, bf16, 64, 1)
 CFP4_KV_ATTN(false, bf16, 64, 2)
+CFP4_KV_ATTN(false, bf16, 80, 1)
+CFP4_KV_ATTN(false, bf16, 80, 2)
+CFP4_KV_ATTN(false, bf16, 96, 1)
+CFP4_KV_ATTN(false, bf16, 96, 2)
 CFP4_KV_ATTN(false, bf16, 128, 1)
 CFP4_KV_ATTN(false, bf16, 128, 2)
 CFP4_KV_ATTN(false, bf16, 256, 1)
@@ -844,7 +849,8 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
     __shared__ float part[128];
     const int J = max(1, int(blockDim.x) / p.head_dim);
     const int d0 = threadIdx.x % p.head_dim, j0 = threadIdx.x / p.head_dim;
-    for (int d = d0; d < p.head_dim; d += blockDim.x) {
+    // (threads past J * head_dim, e.g. 80..127 at head_dim 80, have nothing to do)
+    for (int d = d0; j0 < J && d < p.head_dim; d += blockDim.x) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         int s = j0;
         for (; s + 7 * J < p.splits; s += 8 * J) {

@@ -193,7 +193,11 @@ fn reference(
             .to_vec1::<u8>()
             .unwrap()
     });
-    let slot = slot_size(d, None).unwrap();
+    let slot = if quantized {
+        slot_size(d, None).unwrap()
+    } else {
+        0
+    };
     let mut out = Vec::with_capacity(sh.batch * q_heads * d);
     for (b, (k, v)) in hist.iter().enumerate() {
         let n = cache.lens()[b];
@@ -240,8 +244,13 @@ fn attend(cache: &KvCache, q: &[bf16], q_heads: usize) -> Vec<bf16> {
 #[test]
 fn attention_matches_f64_on_the_same_kv() {
     for kind in [KvCacheKind::UltraQuant, KvCacheKind::Bf16] {
+        // The BF16 cache also takes head_dims that are not powers of two (Phi-2: 80, Phi-3: 96).
+        let dims: &[usize] = match kind {
+            KvCacheKind::UltraQuant => &[64, 128],
+            KvCacheKind::Bf16 => &[64, 80, 96, 128],
+        };
         for (ci, &n) in [1usize, 17, 97, 4097].iter().enumerate() {
-            for d in [64, 128] {
+            for &d in dims {
                 let (kh, q_heads) = (2, 8);
                 let prompts = [n, n / 2 + 1, 3];
                 let sh = shape(3, n.max(3) + 1, kh, d);
@@ -365,7 +374,11 @@ fn kinds_share_the_interface() {
 #[test]
 fn errors_are_reported_not_panics() {
     for kind in [KvCacheKind::Bf16, KvCacheKind::UltraQuant] {
-        for d in [0, 16, 48, 96] {
+        let bad: &[usize] = match kind {
+            KvCacheKind::UltraQuant => &[0, 16, 48, 96],
+            KvCacheKind::Bf16 => &[0, 7, 81],
+        };
+        for &d in bad {
             assert!(
                 KvCache::new(kind, shape(1, 8, 1, d), &CPU).is_err(),
                 "{kind:?} head_dim {d}"

@@ -3,7 +3,7 @@
 //! * Store: the CUDA slots equal the CPU slots bit for bit, and so does the read-back.
 //! * Errors for tensors on the wrong device and head_dim the kernels lack.
 //! * Decode attention, UltraQuant and BF16 caches, against the CPU forward on the same K/V:
-//!   head_dim 64/128/256, contexts 1, 17, 97, 4097 (and 32768 for one configuration),
+//!   head_dim 64/128/256 (BF16 also 80 and 96), contexts 1, 17, 97, 4097 (and 32768 for one configuration),
 //!   batch 1 and 3 with different lengths, GQA 4:1 (plus 1:1, 3:1, 8:1, 20:1), split counts
 //!   forced to 1 (the kernel writes the output) and to several (partials + combine); K/V
 //!   with per-group power-of-two factors (V over 2^-40 .. 2^40) and all-zero groups.
@@ -180,7 +180,11 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
 #[test]
 fn attention_matches_cpu() {
     for kind in [KvCacheKind::UltraQuant, KvCacheKind::Bf16] {
-        for d in [64, 128, 256] {
+        let dims: &[usize] = match kind {
+            KvCacheKind::UltraQuant => &[64, 128, 256],
+            KvCacheKind::Bf16 => &[64, 80, 96, 128, 256],
+        };
+        for &d in dims {
             for (ci, &n) in [1usize, 17, 97, 4097].iter().enumerate() {
                 for batch in [1, 3] {
                     let prompts: Vec<usize> = [n, n / 2 + 1, 17][..batch].to_vec();
@@ -208,7 +212,11 @@ fn attention_matches_cpu() {
 #[test]
 fn attention_group_sizes() {
     for kind in [KvCacheKind::UltraQuant, KvCacheKind::Bf16] {
-        for d in [64, 128, 256] {
+        let dims: &[usize] = match kind {
+            KvCacheKind::UltraQuant => &[64, 128, 256],
+            KvCacheKind::Bf16 => &[64, 80, 96, 128, 256],
+        };
+        for &d in dims {
             for (kh, qh) in [(4, 4), (3, 9), (2, 16), (1, 20)] {
                 let sh = CacheShape {
                     batch: 2,

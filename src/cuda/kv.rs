@@ -6,7 +6,7 @@ use super::launch::{cuda_err, launch, module, Launch, Loaded};
 use crate::gemv::KernelImage;
 use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
 use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
-use crate::kv_cache::{CacheShape, KvCacheKind, SLOT_PADDING};
+use crate::kv_cache::{cuda_head_dims, CacheShape, KvCacheKind, SLOT_PADDING};
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -31,9 +31,10 @@ fn loaded(dev: &CudaDevice) -> Result<Arc<Loaded>> {
     module(dev, KernelFile::Ultraquant, image)
 }
 
-fn check_head_dim(op: &str, d: usize) -> Result<()> {
-    if ![64, 128, 256].contains(&d) {
-        bail!("{op}: the CUDA kernels support head_dim 64, 128 and 256, got {d}")
+fn check_head_dim(op: &str, kind: KvCacheKind, d: usize) -> Result<()> {
+    let dims = cuda_head_dims(kind);
+    if !dims.contains(&d) {
+        bail!("{op}: the CUDA kernels of the {kind:?} cache support head_dim {dims:?}, got {d}")
     }
     Ok(())
 }
@@ -91,7 +92,7 @@ pub(crate) fn uq_store_cuda(
 ) -> Result<()> {
     const OP: &str = "ultraquant store (cuda)";
     let sh = op.shape;
-    check_head_dim(OP, sh.head_dim)?;
+    check_head_dim(OP, KvCacheKind::UltraQuant, sh.head_dim)?;
     let dev = cache.device().clone();
     let stream = dev.cuda_stream();
     let (ca, cb) = check_slots(OP, &sh, lc)?;
@@ -153,7 +154,7 @@ pub(crate) fn uq_read_cuda(
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "ultraquant read (cuda)";
     let sh = op.shape;
-    check_head_dim(OP, sh.head_dim)?;
+    check_head_dim(OP, KvCacheKind::UltraQuant, sh.head_dim)?;
     if op.seq >= sh.batch || op.start + op.count > sh.capacity || op.count == 0 {
         bail!(
             "{OP}: sequence {}, tokens {}..{} outside the cache",
@@ -240,7 +241,7 @@ pub(crate) fn kv_attention_cuda(
     const OP: &str = "decode attention (cuda)";
     let sh = op.shape;
     let d = sh.head_dim;
-    check_head_dim(OP, d)?;
+    check_head_dim(OP, op.kind, d)?;
     let fp4 = op.kind == KvCacheKind::UltraQuant;
     let group = op.q_heads / sh.kv_heads;
     let nt = if group <= 4 || d == 256 { 1 } else { 2 };

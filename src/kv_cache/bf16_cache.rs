@@ -17,11 +17,11 @@ pub struct Bf16Cache {
 }
 
 impl Bf16Cache {
-    /// A zeroed cache with all lengths 0 (same shape rules as
-    /// [`UltraQuantCache::new`](super::UltraQuantCache::new)).
+    /// A zeroed cache with all lengths 0. Errors when a dimension is zero, `head_dim` is odd
+    /// (on CUDA: not 64, 80, 96, 128 or 256), or the size overflows.
     pub fn new(shape: CacheShape, device: &Device) -> Result<Self> {
         const WHAT: &str = "Bf16Cache::new";
-        shape.check(WHAT, device)?;
+        shape.check(WHAT, KvCacheKind::Bf16, device)?;
         shape.elems(WHAT, 2 * shape.head_dim)?;
         let CacheShape {
             batch,

@@ -72,13 +72,23 @@ pub struct CacheShape {
     pub capacity: usize,
     /// KV heads.
     pub kv_heads: usize,
-    /// Values per head: a power of two and a multiple of 32 (CUDA: 64, 128 or 256).
+    /// Values per head. UltraQuant: a power of two and a multiple of 32 (CUDA: 64, 128 or
+    /// 256). BF16: even (CUDA: 64, 80, 96, 128 or 256).
     pub head_dim: usize,
 }
 
+/// The head_dims the CUDA kernels of a cache kind are compiled for (kernels/ultraquant.cu).
+pub(crate) fn cuda_head_dims(kind: KvCacheKind) -> &'static [usize] {
+    match kind {
+        KvCacheKind::UltraQuant => &[64, 128, 256],
+        KvCacheKind::Bf16 => &[64, 80, 96, 128, 256],
+    }
+}
+
 impl CacheShape {
-    /// Checks the dimensions for a cache on `device` (`what` names the caller in errors).
-    pub(crate) fn check(&self, what: &str, device: &Device) -> Result<()> {
+    /// Checks the dimensions for a cache of `kind` on `device` (`what` names the caller in
+    /// errors).
+    pub(crate) fn check(&self, what: &str, kind: KvCacheKind, device: &Device) -> Result<()> {
         let CacheShape {
             batch,
             capacity,
@@ -88,11 +98,21 @@ impl CacheShape {
         if batch == 0 || capacity == 0 || kv_heads == 0 {
             bail!("{what}: batch ({batch}), capacity ({capacity}) and kv_heads ({kv_heads}) must be positive")
         }
-        if !head_dim.is_power_of_two() || !head_dim.is_multiple_of(32) {
-            bail!("{what}: head_dim must be a power of two and a multiple of 32, got {head_dim}")
+        match kind {
+            KvCacheKind::UltraQuant => {
+                if !head_dim.is_power_of_two() || !head_dim.is_multiple_of(32) {
+                    bail!("{what}: head_dim must be a power of two and a multiple of 32, got {head_dim}")
+                }
+            }
+            KvCacheKind::Bf16 => {
+                if head_dim == 0 || !head_dim.is_multiple_of(2) {
+                    bail!("{what}: head_dim must be even and positive, got {head_dim}")
+                }
+            }
         }
-        if device.is_cuda() && ![64, 128, 256].contains(&head_dim) {
-            bail!("{what}: the CUDA kernels support head_dim 64, 128 and 256, got {head_dim}")
+        let cuda_dims = cuda_head_dims(kind);
+        if device.is_cuda() && !cuda_dims.contains(&head_dim) {
+            bail!("{what}: the CUDA kernels of the {kind:?} cache support head_dim {cuda_dims:?}, got {head_dim}")
         }
         let limit = i32::MAX as usize;
         if batch > limit || capacity > limit || kv_heads > limit {

@@ -26,7 +26,7 @@ impl UltraQuantCache {
     /// 32 (on CUDA: not 64, 128 or 256), or the size overflows.
     pub fn new(shape: CacheShape, device: &Device) -> Result<Self> {
         const WHAT: &str = "UltraQuantCache::new";
-        shape.check(WHAT, device)?;
+        shape.check(WHAT, KvCacheKind::UltraQuant, device)?;
         let slot = slot_size(shape.head_dim, None)?;
         let bytes = shape.elems(WHAT, slot)?.checked_add(SLOT_PADDING);
         let Some(bytes) = bytes else {
