@@ -270,9 +270,10 @@ pub fn gemv_cpu_with(
     } else {
         CpuKernel::Scalar
     };
-    let xf: Vec<f32> = (0..m)
-        .flat_map(|i| x[i * rs..i * rs + k].iter().map(|v| v.to_f32()))
-        .collect();
+    let mut xf = Vec::with_capacity(m * k);
+    for i in 0..m {
+        xf.extend(x[i * rs..i * rs + k].iter().map(|v| v.to_f32()));
+    }
     let acc = accumulate(kernel, rows, &xf, m, k, n)?;
     Ok(epilogue(&acc, m, n, global_scale, silu_mul))
 }

@@ -166,7 +166,7 @@ fn row_all_tokens(row: Row<'_>, xb: &[&[[f32; 16]]], blocks: usize, out: &mut [f
 }
 
 /// AVX2 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
-/// `k % 32 == 0`. `scratch` holds one row's decoded block scales.
+/// `k % 32 == 0`. `scratch` holds the rows' decoded block scales.
 pub(super) fn rows_avx2(
     rows: &WeightRows<'_>,
     xf: &[f32],
@@ -184,17 +184,23 @@ pub(super) fn rows_avx2(
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();
+    let n = out.len() / m;
+    // All rows' block scales first: their loads are independent and overlap, whereas
+    // reading them row by row exposes a cache miss every few rows (the swizzled layout
+    // spreads one row's scales over K/64 lines, 512 bytes apart).
+    if let WeightRows::Nvfp4 { .. } = rows {
+        scratch.resize(n * blocks, 0.0);
+        for (r, s) in scratch.chunks_exact_mut(blocks).enumerate() {
+            rows.half_scales(row0 + r, s);
+        }
+    }
     for (r, o) in out.chunks_exact_mut(m).enumerate() {
         let row = row0 + r;
         let w = match *rows {
-            WeightRows::Nvfp4 { codes, .. } => {
-                scratch.resize(blocks, 0.0);
-                rows.half_scales(row, scratch);
-                Row::Nvfp4 {
-                    codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
-                    half_scales: scratch,
-                }
-            }
+            WeightRows::Nvfp4 { codes, .. } => Row::Nvfp4 {
+                codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
+                half_scales: &scratch[r * blocks..(r + 1) * blocks],
+            },
             WeightRows::Bf16 { w } => Row::Bf16(w[row * k..(row + 1) * k].as_chunks().0),
         };
         // SAFETY: AVX2 and FMA were detected above.

@@ -129,7 +129,7 @@ fn row_all_tokens<const NV: bool>(
 }
 
 /// AVX-512 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
-/// `k % 64 == 0`. `scratch` holds one row's decoded block scales.
+/// `k % 64 == 0`. `scratch` holds the rows' decoded block scales.
 pub(super) fn rows_avx512(
     rows: &WeightRows<'_>,
     xf: &[f32],
@@ -147,15 +147,22 @@ pub(super) fn rows_avx512(
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();
+    let n = out.len() / m;
+    // All rows' block scales first (independent loads that overlap; see `cpu_avx2`).
+    if let WeightRows::Nvfp4 { .. } = rows {
+        scratch.resize(n * blocks, 0.0);
+        for (r, s) in scratch.chunks_exact_mut(blocks).enumerate() {
+            rows.half_scales(row0 + r, s);
+        }
+    }
     for (r, o) in out.chunks_exact_mut(m).enumerate() {
         let row = row0 + r;
         match *rows {
             WeightRows::Nvfp4 { codes, .. } => {
-                scratch.resize(blocks, 0.0);
-                rows.half_scales(row, scratch);
                 let c = codes[row * k / 2..(row + 1) * k / 2].as_chunks().0;
+                let s = &scratch[r * blocks..(r + 1) * blocks];
                 // SAFETY: AVX-512 F and BW were detected above.
-                unsafe { row_all_tokens::<true>(c, scratch, &[], &xb, blocks, o) };
+                unsafe { row_all_tokens::<true>(c, s, &[], &xb, blocks, o) };
             }
             WeightRows::Bf16 { w } => {
                 let w = w[row * k..(row + 1) * k].as_chunks().0;
