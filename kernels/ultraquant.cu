@@ -24,7 +24,8 @@
 // Attention (cfp4_kv_attn_{uq,bf16}_d*_nt*): flash decoding. Grid (splits, kv_heads *
 // head_chunks, batch); a CTA owns one token range of one (sequence, kv head) and the
 // HC = 4*NT query heads of that KV group (so every byte read serves all of them). Each warp
-// streams 16-token tiles of that range (tiles warp, warp + NW, ...) through its own
+// streams stages of TPI 16-token tiles of that range (stages warp, warp + NW, ...; TPI = 2
+// for UltraQuant, so a warp has two independent tile chains in flight) through its own
 // NSTAGE-deep cp.async pipeline: the bytes of each slot are fetched as the 16-byte-aligned
 // chunks that cover it (slots are 136 B = 8 * 17 at D = 128, so a slot starts 8-byte but not
 // always 16-byte aligned; the smem copy keeps the slot's offset within its first chunk).
@@ -465,7 +466,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
     uint8_t* stages = smem + warp * C::NSTAGE * C::STAGE;
-    const TileChunks<D, NT> chunks(p.kv_heads, lane);  // unused (dead) for BF16
+    const TileChunks<D, NT> chunks(p.kv_heads, lane);  // UltraQuant only (dead code for BF16)
     // cp.async of this warp's stage `it` into stage buffer `buf`.
     auto issue = [&](uint8_t* buf, int it) {
         const int tb = t0 + TT * (warp + it * C::NW);
