@@ -4,15 +4,14 @@
 
 use candle_core::Device;
 use candle_fp4_models::{Llama, LlamaConfig, LoadOptions, RopeScaling};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
+
+mod common;
+use common::data;
 
 type JsonMap = serde_json::Map<String, serde_json::Value>;
 type Edit = Box<dyn Fn(&mut JsonMap)>;
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/modelopt_tiny")
-}
 
 fn load_err(dir: &Path) -> String {
     let e = Llama::load(dir, &Device::Cpu, &LoadOptions::default()).unwrap_err();

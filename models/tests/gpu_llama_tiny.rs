@@ -15,11 +15,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
-use std::path::{Path, PathBuf};
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/modelopt_tiny")
-}
+mod common;
+use common::{data, logit_tolerance};
 
 fn gpu() -> Device {
     static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
@@ -28,29 +26,12 @@ fn gpu() -> Device {
 }
 
 fn reference() -> (Vec<u32>, Tensor) {
-    let r =
-        candle_core::safetensors::load(data().join("reference_logits.safetensors"), &Device::Cpu)
-            .unwrap();
-    let ids = r["input_ids"]
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<i64>()
-        .unwrap();
-    (
-        ids.iter().map(|&x| x as u32).collect(),
-        r["logits_w4a16_dequant"].clone(),
-    )
+    let r = common::reference();
+    (r.ids, r.dequant)
 }
 
 fn tolerance(reference: &Tensor) -> f32 {
-    let m = reference
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    2.0 * m.max(1.0) / 128.0
+    logit_tolerance(reference, 2.0)
 }
 
 fn check(what: &str, got: &Tensor, want: &Tensor) {

@@ -16,49 +16,10 @@
 
 use candle_core::{Device, Tensor};
 use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/modelopt_tiny")
-}
-
-struct Reference {
-    ids: Vec<u32>,
-    original: Tensor,
-    dequant: Tensor,
-}
-
-fn reference() -> Reference {
-    let r =
-        candle_core::safetensors::load(data().join("reference_logits.safetensors"), &Device::Cpu)
-            .unwrap();
-    let ids = r["input_ids"]
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<i64>()
-        .unwrap();
-    Reference {
-        ids: ids.iter().map(|&x| x as u32).collect(),
-        original: r["logits_original"].clone(),
-        dequant: r["logits_w4a16_dequant"].clone(),
-    }
-}
-
-/// A BF16 model folder: `original.safetensors` + `config.json` without its quant block.
-fn bf16_dir() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data().join("config.json")).unwrap())
-            .unwrap();
-    cfg.as_object_mut().unwrap().remove("quantization_config");
-    std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
-    std::fs::copy(
-        data().join("original.safetensors"),
-        d.path().join("model.safetensors"),
-    )
-    .unwrap();
-    d
-}
+mod common;
+use common::{bf16_dir, data, logit_tolerance, reference};
 
 /// (max |a − b|, number of rows whose argmax agrees up to ties: `b` at `a`'s argmax is
 /// within 2·tolerance(b) of `b`'s maximum).
@@ -83,14 +44,7 @@ fn compare(a: &Tensor, b: &Tensor) -> (f32, usize) {
 }
 
 fn tolerance(reference: &Tensor) -> f32 {
-    let m = reference
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    m.max(1.0) / 128.0
+    logit_tolerance(reference, 1.0)
 }
 
 fn load(dir: &Path, opts: LoadOptions) -> Llama {

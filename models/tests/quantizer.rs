@@ -12,27 +12,10 @@ use candle_fp4_models::quantize::{
 use candle_fp4_models::tokenizer::{ChatTemplate, TextTokenizer};
 use candle_fp4_models::{Llama, LlamaConfig, LoadOptions};
 use safetensors::SafeTensors;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/modelopt_tiny")
-}
-
-/// `original.safetensors` + config.json (no quant block) as a Hugging Face folder.
-fn hf_dir() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data().join("config.json")).unwrap())
-            .unwrap();
-    cfg.as_object_mut().unwrap().remove("quantization_config");
-    std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
-    std::fs::copy(
-        data().join("original.safetensors"),
-        d.path().join("model.safetensors"),
-    )
-    .unwrap();
-    d
-}
+mod common;
+use common::{bf16_dir, data};
 
 fn owned(st: &SafeTensors, name: &str) -> OwnedTensor {
     let v = st.tensor(name).unwrap();
@@ -142,7 +125,7 @@ fn check_against_modelopt(ours: &Path) {
 
 #[test]
 fn hf_checkpoint_quantizes_like_modelopt() {
-    let src = hf_dir();
+    let src = bf16_dir();
     let out = quantize(src.path(), OutputFormat::Nvfp4);
     check_against_modelopt(out.path());
     // And it loads and runs, with ModelOpt's export's logits exactly.
@@ -193,7 +176,7 @@ fn quantizer_refuses_bad_inputs() {
     std::fs::write(&f, b"nope, not a gguf").unwrap();
     assert!(err(&f).contains("not a GGUF"));
     // A non-empty output folder.
-    let src = hf_dir();
+    let src = bf16_dir();
     let e = quantize_model(src.path(), src.path(), &opts, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("not empty"), "{e}");
 }
@@ -405,7 +388,7 @@ fn gguf_input_unpermutes_and_quantizes_like_modelopt() {
 
 #[test]
 fn extra_exclusions_stay_bf16_and_load() {
-    let src = hf_dir();
+    let src = bf16_dir();
     let out = tempfile::tempdir().unwrap();
     let opts = QuantizeOptions {
         format: OutputFormat::Nvfp4,
@@ -462,7 +445,7 @@ fn f32_and_f16_checkpoints_quantize() {
     let theirs_bytes = std::fs::read(data().join("model.safetensors")).unwrap();
     let theirs = SafeTensors::deserialize(&theirs_bytes).unwrap();
     for dt in [DType::F32, DType::F16] {
-        let d = hf_dir();
+        let d = bf16_dir();
         let conv: std::collections::HashMap<String, Tensor> = w
             .iter()
             .map(|(n, t)| (n.clone(), t.to_dtype(dt).unwrap()))
