@@ -333,7 +333,7 @@ fn rows_chunk(
             Ok(())
         }
         #[cfg(target_arch = "x86_64")]
-        CpuKernel::Avx2 => super::cpu_avx2::rows_avx2(rows, xf, m, k, row0, out, scratch),
+        CpuKernel::Avx2 => super::cpu_avx2::rows_avx2(rows, xf, m, k, row0, out),
         #[cfg(target_arch = "x86_64")]
         CpuKernel::Avx512 => super::cpu_avx512::rows_avx512(rows, xf, m, k, row0, out, scratch),
         #[cfg(not(target_arch = "x86_64"))]

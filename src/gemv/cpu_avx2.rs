@@ -9,7 +9,8 @@
 //! to FP32 by a 16-bit shift (exact). Accumulation is FP32 throughout; only the
 //! summation order differs from the scalar oracle.
 
-use super::cpu::WeightRows;
+use super::cpu::{half_e4m3_table, WeightRows};
+use crate::nvfp4::swizzled_offset;
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -81,9 +82,12 @@ fn x_block<'a, const T: usize>(x: &[&'a [[f32; 16]]; T], b: usize) -> [&'a [f32;
 /// One weight row: NVFP4 code blocks with their `e4m3/2` scales, or BF16 blocks.
 #[derive(Clone, Copy)]
 enum Row<'a> {
+    /// Codes, and the swizzled scale bytes from the row's first one on (block `b` at
+    /// `(b / 4) · 512 + b % 4`), decoded through `table` (`e4m3 / 2`).
     Nvfp4 {
         codes: &'a [[u8; 8]],
-        half_scales: &'a [f32],
+        scale_bytes: &'a [u8],
+        table: &'a [f32; 256],
     },
     Bf16(&'a [[bf16; 16]]),
 }
@@ -95,7 +99,7 @@ enum Row<'a> {
 #[target_feature(enable = "avx2,fma")]
 fn row_dot_impl<const T: usize, const NV: bool>(
     codes: &[[u8; 8]],
-    half_scales: &[f32],
+    (scale_bytes, table): (&[u8], &[f32; 256]),
     w: &[[bf16; 16]],
     x: [&[[f32; 16]]; T],
     blocks: usize,
@@ -104,21 +108,32 @@ fn row_dot_impl<const T: usize, const NV: bool>(
     let mut even = [[zero; 2]; T];
     let mut odd = [[zero; 2]; T];
     // Bounds established once, so the loop indexing needs no checks.
-    let (codes, half_scales, w) = if NV {
-        (&codes[..blocks], &half_scales[..blocks], w)
+    let (codes, w) = if NV {
+        (&codes[..blocks], w)
     } else {
-        (codes, half_scales, &w[..blocks])
+        (codes, &w[..blocks])
     };
     let x: [&[[f32; 16]]; T] = std::array::from_fn(|t| &x[t][..blocks]);
     for b in (0..blocks).step_by(2) {
+        // The scales of blocks b, b + 1 (b even): adjacent bytes of the swizzled layout,
+        // read in the loop (a separate decode pass cost more than the two loads).
+        let (s0, s1) = if NV {
+            let i = (b / 4) * 512 + b % 4;
+            (
+                table[scale_bytes[i] as usize],
+                table[scale_bytes[i + 1] as usize],
+            )
+        } else {
+            (0.0, 0.0)
+        };
         let w0 = if NV {
-            decode_nvfp4(&codes[b], half_scales[b])
+            decode_nvfp4(&codes[b], s0)
         } else {
             decode_bf16(&w[b])
         };
         fma_tokens(&mut even, w0, x_block(&x, b));
         let w1 = if NV {
-            decode_nvfp4(&codes[b + 1], half_scales[b + 1])
+            decode_nvfp4(&codes[b + 1], s1)
         } else {
             decode_bf16(&w[b + 1])
         };
@@ -137,10 +152,12 @@ fn row_dot_impl<const T: usize, const NV: bool>(
 #[target_feature(enable = "avx2,fma")]
 fn row_dot<const T: usize>(row: Row<'_>, x: [&[[f32; 16]]; T], blocks: usize) -> [f32; T] {
     match row {
-        Row::Nvfp4 { codes, half_scales } => {
-            row_dot_impl::<T, true>(codes, half_scales, &[], x, blocks)
-        }
-        Row::Bf16(w) => row_dot_impl::<T, false>(&[], &[], w, x, blocks),
+        Row::Nvfp4 {
+            codes,
+            scale_bytes,
+            table,
+        } => row_dot_impl::<T, true>(codes, (scale_bytes, table), &[], x, blocks),
+        Row::Bf16(w) => row_dot_impl::<T, false>(&[], (&[], &[0.0; 256]), w, x, blocks),
     }
 }
 
@@ -166,7 +183,7 @@ fn row_all_tokens(row: Row<'_>, xb: &[&[[f32; 16]]], blocks: usize, out: &mut [f
 }
 
 /// AVX2 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
-/// `k % 32 == 0`. `scratch` holds the rows' decoded block scales.
+/// `k % 32 == 0`.
 pub(super) fn rows_avx2(
     rows: &WeightRows<'_>,
     xf: &[f32],
@@ -174,7 +191,6 @@ pub(super) fn rows_avx2(
     k: usize,
     row0: usize,
     out: &mut [f32],
-    scratch: &mut Vec<f32>,
 ) -> Result<()> {
     if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
         bail!("gemv: the AVX2 kernel needs AVX2 and FMA");
@@ -184,22 +200,14 @@ pub(super) fn rows_avx2(
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();
-    let n = out.len() / m;
-    // All rows' block scales first: their loads are independent and overlap, whereas
-    // reading them row by row exposes a cache miss every few rows (the swizzled layout
-    // spreads one row's scales over K/64 lines, 512 bytes apart).
-    if let WeightRows::Nvfp4 { .. } = rows {
-        scratch.resize(n * blocks, 0.0);
-        for (r, s) in scratch.chunks_exact_mut(blocks).enumerate() {
-            rows.half_scales(row0 + r, s);
-        }
-    }
+    let table = half_e4m3_table();
     for (r, o) in out.chunks_exact_mut(m).enumerate() {
         let row = row0 + r;
         let w = match *rows {
-            WeightRows::Nvfp4 { codes, .. } => Row::Nvfp4 {
+            WeightRows::Nvfp4 { codes, scales, sp } => Row::Nvfp4 {
                 codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
-                half_scales: &scratch[r * blocks..(r + 1) * blocks],
+                scale_bytes: &scales[swizzled_offset(row, 0, sp)..],
+                table,
             },
             WeightRows::Bf16 { w } => Row::Bf16(w[row * k..(row + 1) * k].as_chunks().0),
         };
