@@ -22,7 +22,7 @@ use anyhow::{anyhow, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::kv_cache::{CacheShape, KvCache, KvCacheKind};
+use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
 
 const KV_HEADS: usize = 8;
 const Q_HEADS: usize = 32;
@@ -200,6 +200,24 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
     let q = Tensor::randn(0f32, 1.0, (batch, Q_HEADS, HEAD_DIM), dev)?.to_dtype(DType::BF16)?;
 
     let fp4_us = graph_us(dev, n_rep, |i| Ok(reps[i].fp4.decode_attention(&q)?))?;
+    // CFP4_KV_BENCH_SPLITS="8,16,33,66": also time forced split counts (heuristic tuning).
+    if let Ok(list) = std::env::var("CFP4_KV_BENCH_SPLITS") {
+        for sp in list.split(',') {
+            let splits: usize = sp.trim().parse()?;
+            let opts = DecodeOptions {
+                splits: Some(splits),
+            };
+            let us = graph_us(dev, n_rep, |i| {
+                Ok(reps[i].fp4.decode_attention_with(&q, &opts)?)
+            })?;
+            let bf = graph_us(dev, n_rep, |i| {
+                Ok(reps[i].bf16.decode_attention_with(&q, &opts)?)
+            })?;
+            println!(
+                "ctx {ctx} batch {batch} splits {splits}: fp4 {us:.1} us, bf16 kernel {bf:.1} us"
+            );
+        }
+    }
     let bf16k_us = graph_us(dev, n_rep, |i| Ok(reps[i].bf16.decode_attention(&q)?))?;
     let candle_us = graph_us(dev, n_rep, |i| candle_attention(&q, &reps[i], batch))?;
     let fp4_eager_us = eager_us(dev, || Ok(reps[0].fp4.decode_attention(&q)?))?;

@@ -221,8 +221,8 @@ fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
     (nw, smem)
 }
 
-/// Splits per (sequence, KV head): as many CTAs as fit on the GPU at once (one full wave:
-/// `floor(resident / base)` splits), but at least two 16-token tiles per warp.
+/// Splits per (sequence, KV head): `floor(resident / base)` (one wave of `resident` CTAs),
+/// but at least two 16-token tiles per warp.
 fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize) -> usize {
     let target = resident_ctas / base_ctas.max(1);
     let by_len = max_len.div_ceil(32 * nw);
@@ -281,12 +281,12 @@ pub(crate) fn kv_attention_cuda(
                 .occupancy_max_active_blocks_per_multiprocessor((nw * 32) as u32, smem, None)
                 .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
                 .max(1) as usize;
-            auto_splits(
-                max_len,
-                sh.batch * sh.kv_heads * chunks,
-                per_sm * loaded.sms,
-                nw,
-            )
+            // UltraQuant: one CTA per SM. Measured on the H200 (docs/benchmarks.md, split
+            // sweep): its warps then run twice as many iterations, which amortizes the
+            // per-CTA query rotation and warp merge, and beat two CTAs per SM at batch 1
+            // (32k: 25.8 vs 28.9 us). BF16: a full wave of resident CTAs.
+            let resident = if fp4 { loaded.sms } else { per_sm * loaded.sms };
+            auto_splits(max_len, sh.batch * sh.kv_heads * chunks, resident, nw)
         }
     };
 
