@@ -112,6 +112,7 @@ fn e2m1_pair_table() -> [[f32; 2]; 256] {
 
 /// `e4m3_decode(b) / 2` for every byte (exact: no FP32 underflow), the block scale the
 /// SIMD kernels multiply their `2·e2m1` integers by.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn half_e4m3_table() -> &'static [f32; 256] {
     static T: OnceLock<[f32; 256]> = OnceLock::new();
     T.get_or_init(|| std::array::from_fn(|b| e4m3_decode(b as u8) * 0.5))
@@ -164,23 +165,6 @@ impl WeightRows<'_> {
             }
         }
         Ok(())
-    }
-
-    /// Row `row`'s block scales as `e4m3 / 2` (FP32) into `dst` (`k / 16` values), read
-    /// from the swizzled layout (4 consecutive blocks of a row are adjacent bytes;
-    /// groups of 4 are 512 bytes apart). Leaves `dst` alone for a BF16 weight.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) fn half_scales(&self, row: usize, dst: &mut [f32]) {
-        if let WeightRows::Nvfp4 { scales, sp, .. } = *self {
-            let t = half_e4m3_table();
-            let base = swizzled_offset(row, 0, sp);
-            for (g, d) in dst.chunks_mut(4).enumerate() {
-                let q = &scales[base + g * 512..];
-                for (v, b) in d.iter_mut().zip(q) {
-                    *v = t[*b as usize];
-                }
-            }
-        }
     }
 }
 
@@ -335,7 +319,7 @@ fn rows_chunk(
         #[cfg(target_arch = "x86_64")]
         CpuKernel::Avx2 => super::cpu_avx2::rows_avx2(rows, xf, m, k, row0, out),
         #[cfg(target_arch = "x86_64")]
-        CpuKernel::Avx512 => super::cpu_avx512::rows_avx512(rows, xf, m, k, row0, out, scratch),
+        CpuKernel::Avx512 => super::cpu_avx512::rows_avx512(rows, xf, m, k, row0, out),
         #[cfg(not(target_arch = "x86_64"))]
         CpuKernel::Avx2 | CpuKernel::Avx512 => bail!("gemv: {kernel:?} needs x86-64"),
     }

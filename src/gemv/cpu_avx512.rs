@@ -7,7 +7,8 @@
 //! BF16 weights are widened by a 16-bit shift (exact). The FP32 products are summed in
 //! FP32 with FMA, up to 4 tokens per decoded block, 4 independent blocks in flight.
 
-use super::cpu::WeightRows;
+use super::cpu::{half_e4m3_table, WeightRows};
+use crate::nvfp4::swizzled_offset;
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -61,23 +62,29 @@ fn fma_tokens<const T: usize>(acc: &mut [__m512; T], w: __m512, x: [&[f32; 16]; 
 #[target_feature(enable = "avx512f,avx512bw")]
 fn row_dot<const T: usize, const NV: bool>(
     codes: &[[u8; 8]],
-    half_scales: &[f32],
+    (scale_bytes, table): (&[u8], &[f32; 256]),
     w: &[[bf16; 16]],
     x: [&[[f32; 16]]; T],
     blocks: usize,
 ) -> [f32; T] {
     let zero = _mm512_setzero_ps();
     let mut acc = [[zero; T]; 4];
-    let (codes, half_scales, w) = if NV {
-        (&codes[..blocks], &half_scales[..blocks], w)
+    let (codes, w) = if NV {
+        (&codes[..blocks], w)
     } else {
-        (codes, half_scales, &w[..blocks])
+        (codes, &w[..blocks])
     };
     let x: [&[[f32; 16]]; T] = std::array::from_fn(|t| &x[t][..blocks]);
     for b in (0..blocks).step_by(4) {
+        // Blocks b..b + 4 have adjacent scale bytes in the swizzled layout.
+        let sb: &[u8] = if NV {
+            &scale_bytes[(b / 4) * 512..(b / 4) * 512 + 4]
+        } else {
+            &[0; 4]
+        };
         for j in 0..4 {
             let wv = if NV {
-                decode_nvfp4(&codes[b + j], half_scales[b + j])
+                decode_nvfp4(&codes[b + j], table[sb[j] as usize])
             } else {
                 decode_bf16(&w[b + j])
             };
@@ -102,7 +109,7 @@ fn row_dot<const T: usize, const NV: bool>(
 #[target_feature(enable = "avx512f,avx512bw")]
 fn row_all_tokens<const NV: bool>(
     codes: &[[u8; 8]],
-    half_scales: &[f32],
+    scales: (&[u8], &[f32; 256]),
     w: &[[bf16; 16]],
     xb: &[&[[f32; 16]]],
     blocks: usize,
@@ -113,23 +120,23 @@ fn row_all_tokens<const NV: bool>(
         let left = xb.len() - t0;
         if left >= MAX_T {
             let x: [_; MAX_T] = std::array::from_fn(|i| xb[t0 + i]);
-            let y = row_dot::<MAX_T, NV>(codes, half_scales, w, x, blocks);
+            let y = row_dot::<MAX_T, NV>(codes, scales, w, x, blocks);
             out[t0..t0 + MAX_T].copy_from_slice(&y);
             t0 += MAX_T;
         } else if left >= 2 {
             let x = [xb[t0], xb[t0 + 1]];
-            let y = row_dot::<2, NV>(codes, half_scales, w, x, blocks);
+            let y = row_dot::<2, NV>(codes, scales, w, x, blocks);
             out[t0..t0 + 2].copy_from_slice(&y);
             t0 += 2;
         } else {
-            out[t0] = row_dot::<1, NV>(codes, half_scales, w, [xb[t0]], blocks)[0];
+            out[t0] = row_dot::<1, NV>(codes, scales, w, [xb[t0]], blocks)[0];
             t0 += 1;
         }
     }
 }
 
 /// AVX-512 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
-/// `k % 64 == 0`. `scratch` holds the rows' decoded block scales.
+/// `k % 64 == 0`.
 pub(super) fn rows_avx512(
     rows: &WeightRows<'_>,
     xf: &[f32],
@@ -137,7 +144,6 @@ pub(super) fn rows_avx512(
     k: usize,
     row0: usize,
     out: &mut [f32],
-    scratch: &mut Vec<f32>,
 ) -> Result<()> {
     if !available() {
         bail!("gemv: the AVX-512 kernel needs AVX-512 F and BW");
@@ -147,27 +153,21 @@ pub(super) fn rows_avx512(
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();
-    let n = out.len() / m;
-    // All rows' block scales first (independent loads that overlap; see `cpu_avx2`).
-    if let WeightRows::Nvfp4 { .. } = rows {
-        scratch.resize(n * blocks, 0.0);
-        for (r, s) in scratch.chunks_exact_mut(blocks).enumerate() {
-            rows.half_scales(row0 + r, s);
-        }
-    }
+    let table = half_e4m3_table();
     for (r, o) in out.chunks_exact_mut(m).enumerate() {
         let row = row0 + r;
         match *rows {
-            WeightRows::Nvfp4 { codes, .. } => {
+            WeightRows::Nvfp4 { codes, scales, sp } => {
                 let c = codes[row * k / 2..(row + 1) * k / 2].as_chunks().0;
-                let s = &scratch[r * blocks..(r + 1) * blocks];
+                let s = (&scales[swizzled_offset(row, 0, sp)..], table);
                 // SAFETY: AVX-512 F and BW were detected above.
                 unsafe { row_all_tokens::<true>(c, s, &[], &xb, blocks, o) };
             }
             WeightRows::Bf16 { w } => {
                 let w = w[row * k..(row + 1) * k].as_chunks().0;
+                let s = (&[][..], &[0.0; 256]);
                 // SAFETY: AVX-512 F and BW were detected above.
-                unsafe { row_all_tokens::<false>(&[], &[], w, &xb, blocks, o) };
+                unsafe { row_all_tokens::<false>(&[], s, w, &xb, blocks, o) };
             }
         }
     }
