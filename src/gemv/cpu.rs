@@ -4,8 +4,9 @@
 //! Every path converts `x` to FP32 once per call, computes the FP32 accumulator
 //! `acc[row][token] = Σ_k x_k · w_k` over exactly dequantized weights (rows split
 //! across rayon tasks), then runs one shared epilogue (global scale on the accumulator,
-//! one BF16 rounding, optional `silu(gate)·up`). The paths differ only in the FP32
-//! summation order.
+//! one BF16 rounding, optional `silu(gate)·up`). The paths differ only in how the FP32
+//! sum is ordered and grouped (the AVX2 single-token path multiplies each block's
+//! 16-value partial sum by the block scale, `s·Σq·x` = `Σ(q·s)·x` regrouped).
 //!
 //! * [`CpuKernel::Scalar`] (the oracle): each weight row is decoded into an FP32 buffer,
 //!   then dotted with every token (eight interleaved FP32 sums).
