@@ -24,8 +24,7 @@
 // Attention (cfp4_kv_attn_{uq,bf16}_d*_nt*): flash decoding. Grid (splits, kv_heads *
 // head_chunks, batch); a CTA owns one token range of one (sequence, kv head) and the
 // HC = 4*NT query heads of that KV group (so every byte read serves all of them). Each warp
-// streams stages of TPI 16-token tiles of that range (stages warp, warp + NW, ...; TPI = 2
-// for UltraQuant, so a warp has two independent tile chains in flight) through its own
+// streams 16-token tiles of that range (tiles warp, warp + NW, ...) through its own
 // NSTAGE-deep cp.async pipeline: the bytes of each slot are fetched as the 16-byte-aligned
 // chunks that cover it (slots are 136 B = 8 * 17 at D = 128, so a slot starts 8-byte but not
 // always 16-byte aligned; the smem copy keeps the slot's offset within its first chunk).
@@ -346,9 +345,10 @@ __device__ __forceinline__ uint32_t split_part(float x, bool lo) {
 
 template <bool FP4, int D, int NT>
 struct Cfg {
-    static constexpr int NW = FP4 ? (D == 256 ? 4 : 8) : (D == 256 ? 2 : 4);  // warps per CTA
+    static constexpr int NW = FP4 ? (D == 256 ? 4 : (NT == 1 ? 16 : 8)) : (D == 256 ? 2 : 4);  // warps per CTA
+    static constexpr int MINB = (FP4 && NW == 16) ? 1 : (NT == 1 ? 2 : 1);  // launch bounds
     static constexpr int THREADS = NW * 32;
-    static constexpr int NSTAGE = FP4 ? 3 : 2;
+    static constexpr int NSTAGE = FP4 ? (NW == 16 ? 2 : 3) : 2;
     // 16-token tiles per loop iteration and stage buffer: UltraQuant takes two, so each warp
     // has two independent S / softmax / O chains in flight (it is latency-bound at one).
     static constexpr int TPI = FP4 ? 2 : 1;
@@ -466,7 +466,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
     uint8_t* stages = smem + warp * C::NSTAGE * C::STAGE;
-    const TileChunks<D, NT> chunks(p.kv_heads, lane);  // UltraQuant only (dead code for BF16)
+    const TileChunks<D, NT> chunks(p.kv_heads, lane);  // unused (dead) for BF16
     // cp.async of this warp's stage `it` into stage buffer `buf`.
     auto issue = [&](uint8_t* buf, int it) {
         const int tb = t0 + TT * (warp + it * C::NW);
@@ -795,7 +795,7 @@ CFP4_UQ_FORMAT(128)
 CFP4_UQ_FORMAT(256)
 
 #define CFP4_KV_ATTN(FP4, TAG, D, NT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(Cfg<FP4, D, NT>::THREADS, NT == 1 ? 2 : 1)           \
+    extern "C" __global__ void __launch_bounds__(Cfg<FP4, D, NT>::THREADS, Cfg<FP4, D, NT>::MINB)           \
         cfp4_kv_attn_##TAG##_d##D##_nt##NT(const __grid_constant__ KvAttnParams p) {                    \
         attn_body<FP4, D, NT>(p);                                                                       \
     }

@@ -195,11 +195,12 @@ pub(crate) fn uq_read_cuda(
 fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
     let nw = match (fp4, d) {
         (true, 256) => 4,
+        (true, _) if nt == 1 => 16,
         (true, _) => 8,
         (false, 256) => 2,
         (false, _) => 4,
     };
-    let nstage = if fp4 { 3 } else { 2 };
+    let nstage = if fp4 && nw != 16 { 3 } else { 2 };
     let slot = d + d / 16;
     let gcd16 = if slot.is_multiple_of(16) {
         16
@@ -222,10 +223,10 @@ fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
 }
 
 /// Splits per (sequence, KV head): `floor(resident / base)` (one wave of `resident` CTAs),
-/// but at least two 16-token tiles per warp.
+/// but at least one 16-token tile per warp.
 fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize) -> usize {
     let target = resident_ctas / base_ctas.max(1);
-    let by_len = max_len.div_ceil(32 * nw);
+    let by_len = max_len.div_ceil(16 * nw);
     target.min(by_len).clamp(1, MAX_SPLITS)
 }
 
