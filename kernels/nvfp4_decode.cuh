@@ -60,6 +60,22 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t e4m3_byte) {
     return h | (h << 16);
 }
 
+// 8 E2M1 codes (nibble j = code j) -> 4 bf16x2 of the raw bits, out[r] = (code r, code r+4):
+// nibble s e1 e0 m -> bf16 bits s 0000000e1 e0m000000 = e2m1 * 2^-126 exactly (a subnormal
+// for the codes +-0.5; bf16 mul and mma.sync both keep subnormals). Per pair: isolate
+// nibbles r and r+4 (one per 16-bit half, at bits 0..3 or 4..7); one multiply makes two
+// copies, (x << 12) + (x << 6) (or << 8, << 2), that cannot carry into each other; the
+// mask keeps the sign of one and e1 e0 m of the other. 3.25 integer ops per pair, and the
+// multiply runs on the FMA pipe. Also used by kernels/ultraquant.cu (K/V codes).
+__device__ __forceinline__ void e2m1_raw_pairs(uint32_t q, uint32_t out[4]) {
+    constexpr uint32_t M = 0x81c081c0u;  // bits 15 (sign) and 8..6 (e1 e0 m) per half
+    const uint32_t q8 = q >> 8;          // nibbles 2, 3 -> 0, 1 and 6, 7 -> 4, 5
+    out[0] = ((q & 0x000f000fu) * 0x1040u) & M;
+    out[1] = ((q & 0x00f000f0u) * 0x0104u) & M;
+    out[2] = ((q8 & 0x000f000fu) * 0x1040u) & M;
+    out[3] = ((q8 & 0x00f000f0u) * 0x0104u) & M;
+}
+
 // Decodes one 32-bit word (8 E2M1 codes, code j = nibble j) times a scale pair into 4
 // bf16x2 registers. Software order: out[r] = (code r, code r+4); hardware order:
 // out[r] = (code 2r, code 2r+1).
@@ -81,16 +97,9 @@ __device__ __forceinline__ void decode_word(uint32_t q, uint32_t sc, uint32_t ou
         out[r] = bf16x2_mul(bf, sc);
     }
 #else
-    // Per pair: isolate nibbles r and r+4 (one per 16-bit half, at bits 0..3 or 4..7); one
-    // multiply makes two copies, (x << 12) + (x << 6) (or << 8, << 2), that cannot carry
-    // into each other; the mask keeps the sign of one and e1 e0 m of the other. 3.25
-    // integer ops per pair instead of 4, and the multiply runs on the FMA pipe.
-    constexpr uint32_t M = 0x81c081c0u;
-    const uint32_t q8 = q >> 8;  // nibbles 2, 3 -> 0, 1 and 6, 7 -> 4, 5
-    out[0] = bf16x2_mul(((q & 0x000f000fu) * 0x1040u) & M, sc);
-    out[1] = bf16x2_mul(((q & 0x00f000f0u) * 0x0104u) & M, sc);
-    out[2] = bf16x2_mul(((q8 & 0x000f000fu) * 0x1040u) & M, sc);
-    out[3] = bf16x2_mul(((q8 & 0x00f000f0u) * 0x0104u) & M, sc);
+    e2m1_raw_pairs(q, out);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) out[r] = bf16x2_mul(out[r], sc);
 #endif
 }
 

@@ -51,6 +51,7 @@
 // (and bank-conflict free): see kd0() and vd().
 #include <stdint.h>
 #include <cuda_bf16.h>
+#include "nvfp4_decode.cuh"  // e2m1_raw_pairs, bf16x2_mul (shared with the GEMV)
 #include "ultraquant.cuh"
 
 namespace {
@@ -239,18 +240,6 @@ __device__ __forceinline__ void read_body(const UqReadParams& p) {
 // ---------------------------------------------------------------- PTX wrappers
 // (every inline asm of this file is in this section)
 
-// a * b per bf16 half, round to nearest (exact for every product formed here; subnormal
-// inputs are kept). sm_80/89 have no mul.bf16x2: a * b + (-0) is the same value.
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-    uint32_t d;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-#else
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-#endif
-    return d;
-}
-
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -290,23 +279,6 @@ __device__ __forceinline__ uint32_t lds32(const uint8_t* p) {
         const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
         return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
     }
-}
-
-// 8 E2M1 codes (nibble j = code j) -> 4 bf16x2 of the raw bits, out[r] = (code r, code r+4):
-// nibble s e1 e0 m -> bf16 bits s 0000000e1 e0m000000 = e2m1 * 2^-126 exactly (a subnormal
-// for the codes +-0.5; mma.sync keeps subnormal inputs and products). No scale: the UE8M0
-// scales are applied outside the MMA (K: to the per-group FP32 sums; V: folded into P).
-// Per pair: isolate the two nibbles (one per 16-bit half, at bits 0..3 or 4..7), then one
-// multiply makes two shifted copies, (x << 12) + (x << 6) (or << 8, << 2), that cannot
-// carry into each other, and the mask keeps the sign of one and the magnitude of the other.
-// 3.25 ops per pair instead of 4, and the multiply runs on the FMA pipe, not the ALU.
-__device__ __forceinline__ void decode_raw(uint32_t q, uint32_t out[4]) {
-    constexpr uint32_t M = 0x81c081c0u;  // bits 15 (sign) and 8..6 (e1 e0 m) per half
-    const uint32_t q8 = q >> 8;          // nibbles 2, 3 -> 0, 1 and 6, 7 -> 4, 5
-    out[0] = ((q & 0x000f000fu) * 0x1040u) & M;
-    out[1] = ((q & 0x00f000f0u) * 0x0104u) & M;
-    out[2] = ((q8 & 0x000f000fu) * 0x1040u) & M;
-    out[3] = ((q8 & 0x00f000f0u) * 0x0104u) & M;
 }
 
 // The G UE8M0 bytes of one (token, K or V) at p, as (G + 3) / 4 words (byte i = group i).
@@ -419,9 +391,9 @@ __device__ __forceinline__ void load_tile(uint8_t* buf, const uint8_t* kb, const
 
 // UltraQuant: the chunks lane copies of every full tile, as byte offsets from the tile's
 // first slot (src) and from the stage buffer (dst), computed once per kernel.
-template <int D, int NT>
+template <bool FP4, int D, int NT>
 struct TileChunks {
-    using C = Cfg<true, D, NT>;
+    using C = Cfg<FP4, D, NT>;
     static constexpr int ROWS = 16 * C::TPI;                 // token rows per stage
     static constexpr int NC = (ROWS * C::CH + 31) / 32;      // chunks per lane (the last maybe none)
     static constexpr int LAST = ROWS * C::CH - 32 * (NC - 1);  // lanes with a chunk in the last round
@@ -447,6 +419,12 @@ struct TileChunks {
     }
 };
 
+// BF16 caches copy plain rows (load_tile): no per-lane chunk table.
+template <int D, int NT>
+struct TileChunks<false, D, NT> {
+    __device__ __forceinline__ TileChunks(int, int) {}
+};
+
 template <bool FP4, int D, int NT>
 __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     using C = Cfg<FP4, D, NT>;
@@ -466,7 +444,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
     uint8_t* stages = smem + warp * C::NSTAGE * C::STAGE;
-    const TileChunks<D, NT> chunks(p.kv_heads, lane);  // unused (dead) for BF16
+    const TileChunks<FP4, D, NT> chunks(p.kv_heads, lane);
     // cp.async of this warp's stage `it` into stage buffer `buf`.
     auto issue = [&](uint8_t* buf, int it) {
         const int tb = t0 + TT * (warp + it * C::NW);
@@ -515,8 +493,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         }
     }
     // Q operand (B of S = K . Q): column g = head 4nt + g/2, part hi (g even) or lo (g odd).
-    // UltraQuant: q carries 2^64 and the raw K codes 2^-126 (decode_raw), so S is 2^-62 times
-    // the true scores (folded into sl); V codes 2^-126 and P 2^64: O is 2^-62 times (unbias).
+    // UltraQuant: q carries 2^64 and the raw K codes 2^-126 (e2m1_raw_pairs), so S is 2^-62
+    // times the true scores (folded into sl); V codes 2^-126 and P 2^64: O is 2^-62 times (unbias).
     const float qbias = FP4 ? 0x1p64f : 1.f;
     uint32_t qb[C::KS][NT][2];
     {
@@ -588,8 +566,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
                     uint32_t a0[4], a1[4];
-                    decode_raw(lds32<4>(rg + 4 * (t + 4 * w)), a0);
-                    decode_raw(lds32<4>(rg8 + 4 * (t + 4 * w)), a1);
+                    e2m1_raw_pairs(lds32<4>(rg + 4 * (t + 4 * w)), a0);
+                    e2m1_raw_pairs(lds32<4>(rg8 + 4 * (t + 4 * w)), a1);
 #pragma unroll
                     for (int kl = 0; kl < 2; ++kl) {
                         const uint32_t a[4] = {a0[2 * kl], a1[2 * kl], a0[2 * kl + 1], a1[2 * kl + 1]};
@@ -692,8 +670,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                     const uint32_t hc = *reinterpret_cast<const uint16_t*>(rc + wo);
                     const uint32_t hd = *reinterpret_cast<const uint16_t*>(rd + wo);
                     uint32_t ab[4], cd[4];  // [r] = (token a/c, token b/d) at d = 32j + 4g + r
-                    decode_raw(ha | (hb << 16), ab);
-                    decode_raw(hc | (hd << 16), cd);
+                    e2m1_raw_pairs(ha | (hb << 16), ab);
+                    e2m1_raw_pairs(hc | (hd << 16), cd);
                     const uint32_t fab = scale_pair_bf16<G>(sa, sb, j), fcd = scale_pair_bf16<G>(sc, sd, j);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
