@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
 
 mod common;
-use common::{data, logit_tolerance};
+use common::{data, logit_tolerance, max_abs};
 
 fn gpu() -> Device {
     static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
@@ -46,14 +46,7 @@ fn check_with(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
         .unwrap();
     let want = want.to_dtype(DType::F32).unwrap();
     assert_eq!(got.dims(), want.dims(), "{what}");
-    let max = (&got - &want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let max = max_abs(&(&got - &want).unwrap());
     let a = got.argmax(1).unwrap().to_vec1::<u32>().unwrap();
     let b = want.argmax(1).unwrap().to_vec1::<u32>().unwrap();
     let agree = a.iter().zip(&b).filter(|(x, y)| x == y).count();

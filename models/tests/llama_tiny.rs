@@ -19,20 +19,13 @@ use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
 use std::path::Path;
 
 mod common;
-use common::{bf16_dir, data, logit_tolerance, reference};
+use common::{bf16_dir, data, logit_tolerance, max_abs, reference};
 
 /// (max |a − b|, number of rows whose argmax agrees up to ties: `b` at `a`'s argmax is
 /// within 2·tolerance(b) of `b`'s maximum).
 fn compare(a: &Tensor, b: &Tensor) -> (f32, usize) {
     assert_eq!(a.dims(), b.dims());
-    let max = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let max = max_abs(&(a - b).unwrap());
     let aa = a.argmax(1).unwrap().to_vec1::<u32>().unwrap();
     let bv = b.to_vec2::<f32>().unwrap();
     let tie = 2.0 * tolerance(b);

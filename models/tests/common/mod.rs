@@ -55,12 +55,15 @@ pub fn reference() -> Reference {
 
 /// `ulps` BF16 ulps of the largest reference logit (at least of 1.0): `ulps·2⁻⁷·max(1, max|ref|)`.
 pub fn logit_tolerance(reference: &Tensor, ulps: f32) -> f32 {
-    let m = reference
-        .abs()
+    ulps * max_abs(reference).max(1.0) / 128.0
+}
+
+/// max |t| over all elements (F32 tensors).
+pub fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
         .unwrap()
         .max_all()
         .unwrap()
         .to_scalar::<f32>()
-        .unwrap();
-    ulps * m.max(1.0) / 128.0
+        .unwrap()
 }
