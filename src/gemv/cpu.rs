@@ -119,6 +119,34 @@ pub(crate) fn half_e4m3_table() -> &'static [f32; 256] {
     T.get_or_init(|| std::array::from_fn(|b| e4m3_decode(b as u8) * 0.5))
 }
 
+/// One weight row as the SIMD kernels read it (see [`WeightRows::row_blocks`]).
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RowBlocks<'a> {
+    /// 8-byte code blocks, and the swizzled scale bytes from the row's first one on
+    /// (block `b` at `(b / 4) · 512 + b % 4`).
+    Nvfp4 {
+        codes: &'a [[u8; 8]],
+        scale_bytes: &'a [u8],
+    },
+    /// 16-value BF16 blocks.
+    Bf16(&'a [[bf16; 16]]),
+}
+
+impl<'a> WeightRows<'a> {
+    /// Row `row` (of `k` values, `k % 16 == 0`, within the checked shape) in 16-value blocks.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn row_blocks(&self, row: usize, k: usize) -> RowBlocks<'a> {
+        match *self {
+            WeightRows::Nvfp4 { codes, scales, sp } => RowBlocks::Nvfp4 {
+                codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
+                scale_bytes: &scales[swizzled_offset(row, 0, sp)..],
+            },
+            WeightRows::Bf16 { w } => RowBlocks::Bf16(w[row * k..(row + 1) * k].as_chunks().0),
+        }
+    }
+}
+
 impl WeightRows<'_> {
     fn decode_row(&self, row: usize, k: usize, pairs: &[[f32; 2]; 256], dst: &mut [f32]) {
         match *self {

@@ -11,8 +11,7 @@
 //! sum regrouped, so like the summation order it only changes FP32 rounding. BF16: 8
 //! weights widened to FP32 by a 16-bit shift (exact). Accumulation is FP32 throughout.
 
-use super::cpu::{half_e4m3_table, WeightRows};
-use crate::nvfp4::swizzled_offset;
+use super::cpu::{half_e4m3_table, RowBlocks, WeightRows};
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -239,13 +238,13 @@ pub(super) fn rows_avx2(
     let table = half_e4m3_table();
     for (r, o) in out.chunks_exact_mut(m).enumerate() {
         let row = row0 + r;
-        let w = match *rows {
-            WeightRows::Nvfp4 { codes, scales, sp } => Row::Nvfp4 {
-                codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
-                scale_bytes: &scales[swizzled_offset(row, 0, sp)..],
+        let w = match rows.row_blocks(row, k) {
+            RowBlocks::Nvfp4 { codes, scale_bytes } => Row::Nvfp4 {
+                codes,
+                scale_bytes,
                 table,
             },
-            WeightRows::Bf16 { w } => Row::Bf16(w[row * k..(row + 1) * k].as_chunks().0),
+            RowBlocks::Bf16(w) => Row::Bf16(w),
         };
         // SAFETY: AVX2 and FMA were detected above.
         unsafe { row_all_tokens(w, &xb, blocks, o) };

@@ -7,8 +7,7 @@
 //! BF16 weights are widened by a 16-bit shift (exact). The FP32 products are summed in
 //! FP32 with FMA, up to 4 tokens per decoded block, 4 independent blocks in flight.
 
-use super::cpu::{half_e4m3_table, WeightRows};
-use crate::nvfp4::swizzled_offset;
+use super::cpu::{half_e4m3_table, RowBlocks, WeightRows};
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -156,15 +155,13 @@ pub(super) fn rows_avx512(
     let table = half_e4m3_table();
     for (r, o) in out.chunks_exact_mut(m).enumerate() {
         let row = row0 + r;
-        match *rows {
-            WeightRows::Nvfp4 { codes, scales, sp } => {
-                let c = codes[row * k / 2..(row + 1) * k / 2].as_chunks().0;
-                let s = (&scales[swizzled_offset(row, 0, sp)..], table);
+        match rows.row_blocks(row, k) {
+            RowBlocks::Nvfp4 { codes, scale_bytes } => {
+                let s = (scale_bytes, table);
                 // SAFETY: AVX-512 F and BW were detected above.
-                unsafe { row_all_tokens::<true>(c, s, &[], &xb, blocks, o) };
+                unsafe { row_all_tokens::<true>(codes, s, &[], &xb, blocks, o) };
             }
-            WeightRows::Bf16 { w } => {
-                let w = w[row * k..(row + 1) * k].as_chunks().0;
+            RowBlocks::Bf16(w) => {
                 let s = (&[][..], &[0.0; 256]);
                 // SAFETY: AVX-512 F and BW were detected above.
                 unsafe { row_all_tokens::<false>(&[], s, w, &xb, blocks, o) };
