@@ -2,7 +2,8 @@
 //!
 //! Shape: head_dim 128, 8 KV heads, 32 query heads (GQA 4:1), batch 1 and 8, contexts 1k to
 //! 128k (every sequence full). For each point:
-//! * `fp4`: `UltraQuantCache::decode_attention` (split-KV flash decoding + combine);
+//! * `fp4`: `UltraQuantCache::decode_attention` (split-KV flash decoding, splits merged by
+//!   the attention kernel's last CTA per head group);
 //! * `bf16 kernel`: `Bf16Cache::decode_attention`, the same kernel reading BF16 K/V;
 //! * `candle`: candle's matmul + softmax path on a BF16 cache in the layout candle models
 //!   use (`[batch, kv_heads, ctx, 128]`, q grouped per KV head so no K/V repeat):
@@ -206,6 +207,7 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
             let splits: usize = sp.trim().parse()?;
             let opts = DecodeOptions {
                 splits: Some(splits),
+                ..Default::default()
             };
             let us = graph_us(dev, n_rep, |i| {
                 Ok(reps[i].fp4.decode_attention_with(&q, &opts)?)
@@ -215,6 +217,26 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
             })?;
             println!(
                 "ctx {ctx} batch {batch} splits {splits}: fp4 {us:.1} us, bf16 kernel {bf:.1} us"
+            );
+        }
+    }
+    // CFP4_KV_BENCH_VARIANTS=1: also time the merge (fused in the attention kernel, or the
+    // combine kernel) and PDL on / off (the defaults' A/B).
+    if std::env::var("CFP4_KV_BENCH_VARIANTS").is_ok() {
+        for (fused, pdl) in [(false, false), (false, true), (true, false), (true, true)] {
+            let opts = DecodeOptions {
+                fused_merge: Some(fused),
+                pdl: Some(pdl),
+                ..Default::default()
+            };
+            let us = graph_us(dev, n_rep, |i| {
+                Ok(reps[i].fp4.decode_attention_with(&q, &opts)?)
+            })?;
+            let bf = graph_us(dev, n_rep, |i| {
+                Ok(reps[i].bf16.decode_attention_with(&q, &opts)?)
+            })?;
+            println!(
+                "ctx {ctx} batch {batch} fused_merge {fused} pdl {pdl}: fp4 {us:.1} us, bf16 kernel {bf:.1} us"
             );
         }
     }

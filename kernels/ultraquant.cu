@@ -58,6 +58,20 @@ namespace {
 
 constexpr unsigned FULL = 0xffffffffu;
 
+// Programmatic dependent launch (sm_90+; no-ops in the sm_80 image). Every attention and
+// combine CTA waits before its first global access, so a PDL launch only overlaps the
+// launch and the register/shared setup with the previous kernel's tail.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // ---------------------------------------------------------------- format (store / read)
@@ -425,11 +439,58 @@ struct TileChunks<false, D, NT> {
     __device__ __forceinline__ TileChunks(int, int) {}
 };
 
+// Merge of the `splits` partials of heads qh0 .. qh0 + nh - 1 (global q-head index incl.
+// the batch) into out, by one CTA of THREADS threads: warp j finds head j's max and the
+// weights w_s = 2^(m_s - max) (into w[nh][splits] in shared memory), then every thread sums
+// one (head, d) over the splits with 8 independent L2 loads in flight.
+// Shared memory: (nh * splits + nh) floats (the host checks it fits the kernel's SMEM).
+template <int D, int HC, int THREADS>
+__device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, int nh, float* w) {
+    const int S = p.splits;
+    float* lsum = w + HC * S;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j < nh; j += THREADS / 32) {
+        const float* ml = p.part_ml + 2 * (qh0 + j) * S;
+        float mm = neg_inf();
+        for (int s = lane; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + 2 * s));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL, mm, o));
+        float ll = 0.f;
+        for (int s = lane; s < S; s += 32) {
+            const float ms = __ldcg(ml + 2 * s);
+            const float f = (ms == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(ms - mm);
+            w[j * S + s] = f;
+            ll += f * __ldcg(ml + 2 * s + 1);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(FULL, ll, o);
+        if (lane == 0) lsum[j] = ll;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nh * D; idx += THREADS) {
+        const int j = idx / D, d = idx - j * D;
+        const float* po = p.part_o + (qh0 + j) * S * D + d;
+        const float* wj = w + j * S;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        int s = 0;
+        for (; s + 8 <= S; s += 8) {
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc[u] += wj[s + u] * __ldcg(po + size_t(s + u) * D);
+        }
+        for (; s < S; ++s) acc[0] += wj[s] * __ldcg(po + size_t(s) * D);
+        const float a = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        const float ll = lsum[j];
+        static_cast<__nv_bfloat16*>(p.out)[(qh0 + j) * D + d] = __float2bfloat16_rn(ll > 0.f ? a / ll : 0.f);
+    }
+}
+
 template <bool FP4, int D, int NT>
 __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     using C = Cfg<FP4, D, NT>;
     extern __shared__ __align__(16) uint8_t smem[];
     if (dynamic_smem_size() < uint32_t(C::SMEM) || p.head_dim != D || blockDim.x != C::THREADS) __trap();
+    griddep_wait();  // q, lens and the newest slots come from the previous kernels
+    griddep_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x;
     const int kvh = blockIdx.y % p.kv_heads, hc = blockIdx.y / p.kv_heads;
@@ -756,6 +817,22 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
     }
+    if (p.splits > 1 && p.counters != nullptr) {
+        // The last CTA of this (sequence, head group) to finish merges all its splits.
+        __shared__ bool last;
+        __threadfence();  // this CTA's partials are visible before its count is
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t* ctr = p.counters + size_t(b) * gridDim.y + blockIdx.y;
+            last = atomicAdd(ctr, 1u) == uint32_t(p.splits - 1);
+            if (last) *ctr = 0u;  // every split has counted: ready for the next launch
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        merge_splits<D, C::HC, C::THREADS>(p, size_t(b) * p.q_heads + size_t(kvh) * p.group + head0,
+                                           min(C::HC, p.group - head0), reinterpret_cast<float*>(smem));
+    }
 }
 
 }  // namespace
@@ -803,6 +880,7 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
     const size_t base = (size_t(b) * p.q_heads + qh) * p.splits;
     const float* ml = p.part_ml + 2 * base;
     if (p.splits > CFP4_KV_MAX_SPLITS) __trap();
+    griddep_wait();  // the partials come from the attention kernel
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         float mm = neg_inf();

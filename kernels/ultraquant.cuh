@@ -38,7 +38,9 @@ struct UqReadParams {
 
 // Split-KV decode attention (UltraQuant or BF16 cache). Grid (splits, kv_heads *
 // head_chunks, batch). With splits == 1 the kernel writes `out`; otherwise it writes the
-// partials and cfp4_kv_combine merges them.
+// partials, and then either cfp4_kv_combine merges them (counters == null) or the last CTA
+// of each (sequence, head group) to finish merges them itself (counters: one per grid
+// (y, z), zero before the launch; the last CTA resets its counter to zero).
 struct KvAttnParams {
     const void* q;           // offset  0: bf16 [batch][q_heads][head_dim]
     const void* k;           // offset  8: UltraQuant slots, or BF16 K [batch][capacity][kv_heads][head_dim]
@@ -55,7 +57,8 @@ struct KvAttnParams {
     int splits;              // offset 76
     int head_dim;            // offset 80: must equal the kernel's D
     int _pad;                // offset 84
-};                           // size 88
+    uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null
+};                           // size 96
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
 // w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).

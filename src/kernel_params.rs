@@ -84,6 +84,7 @@ pub(crate) struct KvAttnParams {
     pub splits: i32,
     pub head_dim: i32,
     pub pad: i32,
+    pub counters: u64,
 }
 
 /// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
@@ -188,7 +189,8 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, capacity), 72);
         assert_eq!(offset_of!(KvAttnParams, splits), 76);
         assert_eq!(offset_of!(KvAttnParams, head_dim), 80);
-        assert_eq!(size_of::<KvAttnParams>(), 88);
+        assert_eq!(offset_of!(KvAttnParams, counters), 88);
+        assert_eq!(size_of::<KvAttnParams>(), 96);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);
         assert_eq!(offset_of!(KvCombineParams, part_ml), 8);
@@ -211,7 +213,8 @@ mod tests {
             "};                           // size 40",
             "float scale_log2;        // offset 56",
             "int head_dim;            // offset 80",
-            "};                           // size 88",
+            "uint32_t* counters;      // offset 88",
+            "};                           // size 96",
             "int head_dim;            // offset 32",
         ] {
             assert!(

@@ -159,10 +159,24 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         .iter()
         .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()));
     let qg = Tensor::from_slice(&q, &dims[..], &gpu()).unwrap();
-    for splits in [None, Some(1), Some(3), Some(64)] {
-        let out = g
-            .decode_attention_with(&qg, &DecodeOptions { splits })
-            .unwrap();
+    let opt = |splits, fused_merge, pdl| DecodeOptions {
+        splits,
+        fused_merge,
+        pdl,
+    };
+    // Heuristic and forced splits (1000: mostly empty ranges), the merge in the attention
+    // kernel (default) or in the combine kernel, PDL on and off.
+    for o in [
+        opt(None, None, None),
+        opt(Some(1), None, None),
+        opt(Some(3), None, None),
+        opt(Some(64), None, None),
+        opt(Some(1000), None, None),
+        opt(None, Some(false), None),
+        opt(Some(3), Some(false), Some(false)),
+        opt(Some(64), Some(true), Some(false)),
+    ] {
+        let out = g.decode_attention_with(&qg, &o).unwrap();
         assert_eq!(out.dims(), &dims[..]);
         assert_eq!(out.dtype(), DType::BF16);
         let got = host_bf16(&out);
@@ -171,9 +185,19 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
             let tol = bf16_ulp(x.abs().max(y.abs())) + omax * 2f64.powi(-13);
             assert!(
                 (x - y).abs() <= tol,
-                "{what} splits={splits:?}: element {i}: gpu {x} cpu {y} (tolerance {tol:e})"
+                "{what} {o:?}: element {i}: gpu {x} cpu {y} (tolerance {tol:e})"
             );
         }
+        // The in-kernel merge's counters must be back at zero: a second call gives the
+        // same bits (the merge order is fixed).
+        let again = host_bf16(&g.decode_attention_with(&qg, &o).unwrap());
+        assert!(
+            again
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what} {o:?}: a second call differs from the first"
+        );
     }
 }
 

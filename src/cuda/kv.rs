@@ -3,6 +3,7 @@
 
 use super::images::{Image, KernelFile};
 use super::launch::{cuda_err, launch, module, Launch, Loaded};
+use super::scratch::kv_scratch;
 use crate::gemv::KernelImage;
 use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
 use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
@@ -23,6 +24,16 @@ unsafe impl DeviceRepr for KvCombineParams {}
 
 /// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
 const MAX_SPLITS: usize = 1024;
+/// Whether the splits are merged in the attention kernel when [`DecodeOptions`] leaves it
+/// open. Measured on the H200 (docs/benchmarks.md): the same GPU time either way for
+/// UltraQuant (16-warp CTAs, one (head, d) per thread in the merge) and one kernel launch and
+/// two allocations less per call; the BF16 kernel's 4-warp CTAs merge 4 values per thread
+/// over twice the splits and are 1–2 µs slower fused, so it keeps the combine kernel.
+///
+/// [`DecodeOptions`]: crate::kv_cache::DecodeOptions
+fn fused_merge_default(fp4: bool) -> bool {
+    fp4
+}
 /// Threads of the store / read kernels (one warp per (token, head)).
 const FORMAT_THREADS: u32 = 256;
 
@@ -305,29 +316,36 @@ pub(crate) fn kv_attention_cuda(
     }
     let n_out = sh.batch * op.q_heads * d;
     let mut out = unsafe { dev.alloc::<bf16>(n_out)? };
-    let mut part_o = unsafe { dev.alloc::<f32>(if splits > 1 { n_out * splits } else { 1 })? };
-    let mut part_ml = unsafe {
-        dev.alloc::<f32>(if splits > 1 {
-            2 * sh.batch * op.q_heads * splits
-        } else {
-            1
-        })?
+    // Merge of the splits: in the attention kernel's last CTA per head group (needs its
+    // weights in the kernel's shared memory), or by cfp4_kv_combine.
+    let hc = 4 * nt;
+    let fused = splits > 1
+        && op.opts.fused_merge.unwrap_or(fused_merge_default(fp4))
+        && (hc * splits + hc) * 4 <= smem;
+    let pdl = op.opts.pdl.unwrap_or(true) && loaded.image.has_sm90_features();
+    let scratch = if splits > 1 {
+        Some(kv_scratch(
+            &stream,
+            n_out * splits,
+            2 * sh.batch * op.q_heads * splits,
+            sh.batch * sh.kv_heads * chunks,
+        )?)
+    } else {
+        None
     };
     let qs = q.as_cuda_slice::<bf16>()?.slice(qa..qb);
     let lsl = lens.as_cuda_slice::<u32>()?.slice(la..lb);
     let (qp, _g0) = qs.device_ptr(&stream);
     let (lp, _g1) = lsl.device_ptr(&stream);
     let (outp, _g2) = out.device_ptr_mut(&stream);
-    let (pop, _g3) = part_o.device_ptr_mut(&stream);
-    let (pmp, _g4) = part_ml.device_ptr_mut(&stream);
     let mut params = KvAttnParams {
         q: qp,
         k: 0,
         v: 0,
         lens: lp,
         out: outp,
-        part_o: if splits > 1 { pop } else { 0 },
-        part_ml: if splits > 1 { pmp } else { 0 },
+        part_o: scratch.map_or(0, |s| s.part_o),
+        part_ml: scratch.map_or(0, |s| s.part_ml),
         scale_log2: std::f32::consts::LOG2_E / (d as f32).sqrt(),
         q_heads: op.q_heads as i32,
         kv_heads: sh.kv_heads as i32,
@@ -336,13 +354,23 @@ pub(crate) fn kv_attention_cuda(
         splits: splits as i32,
         head_dim: d as i32,
         pad: 0,
+        counters: match scratch {
+            Some(s) if fused => s.counters,
+            _ => 0,
+        },
     };
     let grid = (
         splits as u32,
         (sh.kv_heads * chunks) as u32,
         sh.batch as u32,
     );
-    let block = (nw * 32) as u32;
+    let attn = Launch {
+        grid,
+        block: (nw * 32) as u32,
+        cluster: 1,
+        pdl,
+        smem: smem as u32,
+    };
     if fp4 {
         let (a, b) = check_slots(OP, &sh, lkv)?;
         let ks = kv.as_cuda_slice::<u8>()?.slice(a..b);
@@ -351,7 +379,7 @@ pub(crate) fn kv_attention_cuda(
             bail!("{OP}: the cache must be 16-byte aligned in device memory")
         }
         params.k = kp;
-        unsafe { launch_grid(&stream, &f, grid, block, smem as u32, &params)? };
+        unsafe { launch(&stream, &f, attn, &params)? };
     } else {
         let (a, b) = range(OP, "cache", lkv)?;
         let half = sh.elems(OP, d)?;
@@ -372,31 +400,29 @@ pub(crate) fn kv_attention_cuda(
         }
         params.k = kp;
         params.v = vp;
-        unsafe { launch_grid(&stream, &f, grid, block, smem as u32, &params)? };
+        unsafe { launch(&stream, &f, attn, &params)? };
     }
-    if splits > 1 {
+    if let (Some(sc), false) = (scratch, fused) {
         let fc = loaded.function("cfp4_kv_combine")?.0;
         let cp = KvCombineParams {
-            part_o: pop,
-            part_ml: pmp,
+            part_o: sc.part_o,
+            part_ml: sc.part_ml,
             out: outp,
             q_heads: op.q_heads as i32,
             splits: splits as i32,
             head_dim: d as i32,
             pad: 0,
         };
-        unsafe {
-            launch_grid(
-                &stream,
-                &fc,
-                (op.q_heads as u32, sh.batch as u32, 1),
-                128,
-                0,
-                &cp,
-            )?
+        let l = Launch {
+            grid: (op.q_heads as u32, sh.batch as u32, 1),
+            block: 128,
+            cluster: 1,
+            pdl,
+            smem: 0,
         };
+        unsafe { launch(&stream, &fc, l, &cp)? };
     }
-    drop((_g0, _g1, _g2, _g3, _g4));
+    drop((_g0, _g1, _g2));
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
         Shape::from((sh.batch, op.q_heads, d)),

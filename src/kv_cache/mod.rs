@@ -138,6 +138,12 @@ pub struct DecodeOptions {
     /// resident at once on the GPU, at least two 16-token tiles per warp). Clamped to
     /// `1..=1024`.
     pub splits: Option<usize>,
+    /// Merge the splits in the attention kernel (its last CTA per head group; no second
+    /// kernel) instead of a separate combine kernel; `None` = the measured default.
+    pub fused_merge: Option<bool>,
+    /// Programmatic dependent launch (sm_90+): the kernels are queued while the previous
+    /// kernel still runs and wait for it on the device; `None` = on.
+    pub pdl: Option<bool>,
 }
 
 /// Per-sequence lengths on the host and as a U32 tensor on the cache's device.
