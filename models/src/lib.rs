@@ -4,13 +4,17 @@
 //!   per module as the checkpoint says, with a preallocated [`kv_cache`].
 //! * [`quantize`]: HF safetensors (BF16/F16/F32) or a GGUF → a ModelOpt-compatible NVFP4
 //!   checkpoint, bit-identical to ModelOpt's export for the same BF16 weights.
+//! * [`gptq`]: GPTQ for NVFP4, an optional quantization method of the quantizer
+//!   (calibrated on text; same ModelOpt checkpoint format).
 //! * [`gguf`]: reading a llama.cpp GGUF as a Hugging Face Llama (weights un-permuted,
 //!   config.json, tokenizer.json built from the GGUF metadata).
 //! * [`tokenizer`], [`sampling`], [`smollm2`]: what the decode binary needs.
 
+mod calib;
 pub mod cli;
 pub mod config;
 pub mod gguf;
+pub mod gptq;
 pub mod kv_cache;
 pub mod llama;
 pub mod quantize;

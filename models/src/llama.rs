@@ -440,36 +440,226 @@ impl Llama {
         let t = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embed.index_select(&ids, 0)?.to_dtype(self.dtype)?;
-        let mask = if t > 1 {
-            let l = pos + t;
-            let m: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..l).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (t, l), &self.device)?)
-        } else {
-            None
-        };
-        let eps = self.cfg.rms_norm_eps as f32;
+        let mask = causal_mask(t, pos, &self.device)?;
         for (b, cache) in self.blocks.iter().zip(self.caches.iter_mut()) {
-            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let a = attention(
+            x = block_forward(
                 &self.cfg,
                 &self.rope,
                 b,
-                &h,
+                &x,
                 pos,
                 cache,
                 mask.as_ref(),
                 self.dtype,
+                None,
             )?;
-            x = (x + a)?;
-            let h = candle_nn::ops::rms_norm(&x, &b.mlp_norm, eps)?;
-            x = (x + b.down.forward(&b.gate_up.forward_silu_mul(&h)?)?)?;
         }
         Ok(x)
     }
+
+    /// Calibration: the embeddings of `tokens`, `[t, hidden]` in the activation dtype.
+    pub(crate) fn calib_embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            );
+        }
+        let ids = Tensor::new(tokens, &self.device)?;
+        Ok(self.embed.index_select(&ids, 0)?.to_dtype(self.dtype)?)
+    }
+
+    /// Calibration: block `i` alone over the hidden states `x` `[t, hidden]` of one
+    /// sequence starting at position 0 (its KV cache is emptied first), optionally
+    /// capturing the inputs of its Linears. Returns the block's output.
+    pub(crate) fn calib_block(
+        &mut self,
+        i: usize,
+        x: &Tensor,
+        capture: Option<&mut BlockInputs>,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        if i >= self.blocks.len() || t == 0 || t > self.max_seq_len {
+            bail!(
+                "calib_block: block {i} of {}, {t} tokens (context {})",
+                self.blocks.len(),
+                self.max_seq_len
+            );
+        }
+        let cache = &mut self.caches[i];
+        cache.reset()?;
+        let mask = causal_mask(t, 0, &self.device)?;
+        let y = block_forward(
+            &self.cfg,
+            &self.rope,
+            &self.blocks[i],
+            x,
+            0,
+            cache,
+            mask.as_ref(),
+            self.dtype,
+            capture,
+        )?;
+        cache.reset()?;
+        Ok(y)
+    }
+
+    /// Calibration: replaces the Linears of `site` in block `i` by `layers` (q, k, v or
+    /// gate, up in that order for the fused sites), keeping their biases.
+    pub(crate) fn replace_linears(
+        &mut self,
+        i: usize,
+        site: Site,
+        layers: Vec<QuantLinear>,
+    ) -> Result<()> {
+        let Some(b) = self.blocks.get_mut(i) else {
+            bail!("replace_linears: no block {i}");
+        };
+        let old: Vec<&QuantLinear> = match site {
+            Site::Qkv | Site::GateUp => {
+                let f = if site == Site::Qkv {
+                    &b.qkv
+                } else {
+                    &b.gate_up
+                };
+                match f {
+                    Fused::One(l) => vec![l],
+                    Fused::Split(ls) => ls.iter().collect(),
+                }
+            }
+            Site::O => vec![&b.o],
+            Site::Down => vec![&b.down],
+        };
+        let old_n: usize = old.iter().map(|l| l.out_features()).sum();
+        let new_n: usize = layers.iter().map(QuantLinear::out_features).sum();
+        if old_n != new_n
+            || layers
+                .iter()
+                .any(|l| l.in_features() != old[0].in_features())
+        {
+            bail!("replace_linears: block {i} {site:?}: the new layers do not have the old shapes");
+        }
+        // Biases: the old layers' (fused or not), cut to the new layers' rows.
+        let bias = old
+            .iter()
+            .filter_map(|l| l.bias().cloned())
+            .collect::<Vec<_>>();
+        let bias = if bias.is_empty() {
+            None
+        } else {
+            Some(Tensor::cat(&bias, 0)?)
+        };
+        let mut start = 0;
+        let mut new = Vec::with_capacity(layers.len());
+        for l in layers {
+            let n = l.out_features();
+            new.push(match (&bias, l.bias()) {
+                (Some(bb), None) => rebias(&l, Some(bb.narrow(0, start, n)?))?,
+                _ => l,
+            });
+            start += n;
+        }
+        match site {
+            Site::Qkv => b.qkv = Fused::Split(new),
+            Site::GateUp => b.gate_up = Fused::Split(new),
+            Site::O | Site::Down => {
+                let l = new.pop().context("replace_linears: no layer given")?;
+                if site == Site::O {
+                    b.o = l;
+                } else {
+                    b.down = l;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `l` with bias `bias` (an NVFP4 or BF16 layer rebuilt with the same weight).
+fn rebias(l: &QuantLinear, bias: Option<Tensor>) -> Result<QuantLinear> {
+    Ok(match l.to_nvfp4()? {
+        Some(q) => QuantLinear::from_nvfp4(&q, bias, l.device())?,
+        None => QuantLinear::from_bf16(l.dequantize()?, bias)?,
+    })
+}
+
+/// The Linears of a decoder block that see the same input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Site {
+    /// q/k/v_proj: the attention norm's output.
+    Qkv,
+    /// o_proj: the attention heads' output.
+    O,
+    /// gate/up_proj: the MLP norm's output.
+    GateUp,
+    /// down_proj: `silu(gate)·up`.
+    Down,
+}
+
+/// The inputs of a block's Linears, captured for calibration, in BF16 (what the
+/// projections multiply).
+#[derive(Debug, Default)]
+pub(crate) struct BlockInputs {
+    pub qkv: Option<Tensor>,
+    pub o: Option<Tensor>,
+    pub gate_up: Option<Tensor>,
+    pub down: Option<Tensor>,
+}
+
+impl BlockInputs {
+    pub fn get(&self, site: Site) -> Option<&Tensor> {
+        match site {
+            Site::Qkv => self.qkv.as_ref(),
+            Site::O => self.o.as_ref(),
+            Site::GateUp => self.gate_up.as_ref(),
+            Site::Down => self.down.as_ref(),
+        }
+    }
+}
+
+/// The additive causal mask of `t` tokens at positions `pos..pos + t` over `pos + t`
+/// keys, `[t, pos + t]`; none for a single token.
+fn causal_mask(t: usize, pos: usize, device: &Device) -> candle_core::Result<Option<Tensor>> {
+    if t <= 1 {
+        return Ok(None);
+    }
+    let l = pos + t;
+    let m: Vec<f32> = (0..t)
+        .flat_map(|i| (0..l).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Some(Tensor::from_vec(m, (t, l), device)?))
+}
+
+/// One decoder block over `x` `[t, hidden]` at positions `pos..pos + t`.
+#[allow(clippy::too_many_arguments)]
+fn block_forward(
+    cfg: &LlamaConfig,
+    rope: &Rope,
+    b: &Block,
+    x: &Tensor,
+    pos: usize,
+    cache: &mut LayerCache,
+    mask: Option<&Tensor>,
+    dtype: DType,
+    mut capture: Option<&mut BlockInputs>,
+) -> candle_core::Result<Tensor> {
+    let eps = cfg.rms_norm_eps as f32;
+    let h = candle_nn::ops::rms_norm(x, &b.attn_norm, eps)?;
+    if let Some(c) = capture.as_deref_mut() {
+        c.qkv = Some(h.to_dtype(DType::BF16)?);
+    }
+    let o_in = capture.as_deref_mut().map(|c| &mut c.o);
+    let a = attention(cfg, rope, b, &h, pos, cache, mask, dtype, o_in)?;
+    let x = (x + a)?;
+    let h = candle_nn::ops::rms_norm(&x, &b.mlp_norm, eps)?;
+    if let Some(c) = capture.as_deref_mut() {
+        c.gate_up = Some(h.to_dtype(DType::BF16)?);
+    }
+    let m = b.gate_up.forward_silu_mul(&h)?;
+    if let Some(c) = capture {
+        c.down = Some(m.to_dtype(DType::BF16)?);
+    }
+    x + b.down.forward(&m)?
 }
 
 fn qkv_has_bias(f: &Fused) -> bool {
@@ -490,6 +680,7 @@ fn attention(
     cache: &mut LayerCache,
     mask: Option<&Tensor>,
     dtype: DType,
+    o_in: Option<&mut Option<Tensor>>,
 ) -> candle_core::Result<Tensor> {
     let t = x.dim(0)?;
     let (nh, nkv, hd) = (
@@ -513,7 +704,11 @@ fn attention(
     if t == 1 {
         // Decode: the cache stores the token, then attends over everything it holds.
         let y = cache.decode(&k, &v, &q)?; // [nh, hd] BF16
-        return b.o.forward(&y.reshape((1, nh * hd))?.to_dtype(dtype)?);
+        let y = y.reshape((1, nh * hd))?.to_dtype(dtype)?;
+        if let Some(c) = o_in {
+            *c = Some(y.to_dtype(DType::BF16)?);
+        }
+        return b.o.forward(&y);
     }
     let (ka, va) = cache.prefill(&k, &v)?; // [nkv, l, hd] BF16
     let l = ka.dim(1)?;
@@ -535,5 +730,8 @@ fn attention(
         .reshape((nh, t, hd))?
         .transpose(0, 1)?
         .reshape((t, nh * hd))?;
+    if let Some(c) = o_in {
+        *c = Some(y.to_dtype(DType::BF16)?);
+    }
     b.o.forward(&y)
 }

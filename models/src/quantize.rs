@@ -20,8 +20,12 @@
 //! `hf_quant_config.json` is written next to it; tokenizer files are copied (or, from a
 //! GGUF, built from its metadata).
 
+use crate::calib::{gptq_llama, CalibRun};
 use crate::config::LlamaConfig;
 use crate::gguf::GgufModel;
+use crate::gptq::GptqParams;
+use crate::tokenizer::TextTokenizer;
+use crate::{KvCacheKind, Llama, LoadOptions};
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use candle_fp4::checkpoint::Checkpoint;
@@ -69,7 +73,47 @@ pub struct QuantizeOptions {
     /// `model.layers.0.*`); recorded in the output's quant config. Empty = ModelOpt's
     /// exact behaviour.
     pub exclude: Vec<String>,
+    /// How NVFP4 codes and block scales are chosen (the format written is the same).
+    pub method: QuantMethod,
 }
+
+/// How the NVFP4 weights are chosen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum QuantMethod {
+    /// ModelOpt's round-to-nearest, byte-identical to its export.
+    #[default]
+    Rtn,
+    /// GPTQ ([`crate::gptq`]) calibrated on text run through the unquantized model.
+    /// Global scales and their sharing stay ModelOpt's; codes and block scales differ.
+    Gptq {
+        /// The calibration tokens.
+        calib: CalibData,
+        /// Use the first this many tokens (the text must have at least this many).
+        calib_tokens: usize,
+        /// Tokens per calibration window (each window starts at position 0), capped at
+        /// the model's `max_position_embeddings`.
+        window: usize,
+        /// Calibrate each group on the activations of the model quantized so far (blocks
+        /// before it and the groups before it in its block), as GPTQ's sequential mode;
+        /// `false`: one pass of the unquantized model gives every Hessian.
+        sequential: bool,
+        /// GPTQ settings.
+        params: GptqParams,
+    },
+}
+
+/// Calibration data for [`QuantMethod::Gptq`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CalibData {
+    /// A UTF-8 text file, tokenized with the model's tokenizer as the perplexity tool
+    /// does (whole text, special tokens as the tokenizer adds them).
+    TextFile(PathBuf),
+    /// Token ids.
+    TokenIds(Vec<u32>),
+}
+
+/// The fewest calibration tokens GPTQ accepts.
+pub const MIN_CALIB_TOKENS: usize = 16;
 
 /// Progress of [`quantize_model`]: `done` of `total` tensors written so far.
 #[derive(Debug, Clone)]
@@ -274,6 +318,18 @@ impl Source {
         }
     }
 
+    /// The shape `[n, k]` of a 2-d tensor.
+    fn matrix_shape(&self, name: &str) -> Result<(usize, usize)> {
+        let shape = match self {
+            Self::Hf { ckpt, .. } => ckpt.get(name)?.shape.clone(),
+            Self::Gguf(_) => self.raw(name)?.shape,
+        };
+        match shape.as_slice() {
+            [n, k] => Ok((*n, *k)),
+            s => bail!("tensor `{name}` has shape {s:?}, expected a 2-d Linear weight"),
+        }
+    }
+
     /// A 2-d float weight as F32 values (exact from BF16/F16).
     fn matrix_f32(&self, name: &str) -> Result<(Vec<f32>, usize, usize)> {
         let t = self.raw(name)?;
@@ -372,9 +428,114 @@ fn write_json(path: &Path, v: &Json) -> Result<()> {
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Checks the GPTQ options that need no model.
+fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
+    let QuantMethod::Gptq {
+        calib,
+        calib_tokens,
+        window,
+        params,
+        ..
+    } = &opts.method
+    else {
+        return Ok(());
+    };
+    if opts.format != OutputFormat::Nvfp4 {
+        bail!(
+            "GPTQ needs the NVFP4 output format (it chooses NVFP4 codes; a BF16 output has none)"
+        );
+    }
+    if *calib_tokens < MIN_CALIB_TOKENS {
+        bail!("GPTQ needs at least {MIN_CALIB_TOKENS} calibration tokens, {calib_tokens} asked");
+    }
+    if *window < 2 {
+        bail!("GPTQ calibration windows need at least 2 tokens, {window} asked");
+    }
+    if !(params.damp.is_finite() && params.damp >= 0.0) {
+        bail!("GPTQ dampening {} must be a finite number ≥ 0", params.damp);
+    }
+    match calib {
+        CalibData::TextFile(p) if !p.is_file() => {
+            bail!("calibration text {}: no such file", p.display())
+        }
+        CalibData::TokenIds(ids) if ids.len() < *calib_tokens => bail!(
+            "{} calibration tokens given, {calib_tokens} asked",
+            ids.len()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// A sibling path of `p` for a temporary folder.
+fn sibling_tmp(p: &Path, tag: &str) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    p.with_file_name(format!(".{name}.{tag}-{}", std::process::id()))
+}
+
 /// Converts `input` (a Hugging Face Llama folder or a `.gguf`) into `output` (created;
 /// it must not exist or be empty). `on_progress` is called after every tensor.
+///
+/// With [`QuantMethod::Gptq`] the unquantized model is run over the calibration tokens
+/// first (a GGUF is converted to a temporary BF16 folder next to `output` for that, and
+/// the weights are read from there: the same BF16 values).
 pub fn quantize_model(
+    input: &Path,
+    output: &Path,
+    opts: &QuantizeOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Summary> {
+    check_gptq_options(opts)?;
+    if matches!(opts.method, QuantMethod::Gptq { .. }) && input.is_file() {
+        let tmp = sibling_tmp(output, "bf16");
+        let _ = std::fs::remove_dir_all(&tmp);
+        let bf16 = QuantizeOptions {
+            format: OutputFormat::Bf16,
+            ..Default::default()
+        };
+        let r = quantize_model(input, &tmp, &bf16, &mut |_| {})
+            .and_then(|_| quantize_model_from(&tmp, output, opts, on_progress));
+        let _ = std::fs::remove_dir_all(&tmp);
+        return r;
+    }
+    quantize_model_from(input, output, opts, on_progress)
+}
+
+/// The calibration token windows of a GPTQ run on the model in `dir`.
+fn calib_windows(
+    dir: &Path,
+    cfg: &LlamaConfig,
+    calib: &CalibData,
+    calib_tokens: usize,
+    window: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let ids = match calib {
+        CalibData::TokenIds(ids) => ids.clone(),
+        CalibData::TextFile(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read the calibration text {}", p.display()))?;
+            let tok = TextTokenizer::from_dir(dir, cfg)
+                .context("GPTQ tokenizes the calibration text with the model's tokenizer")?;
+            tok.encode(&text, true)?
+        }
+    };
+    if ids.len() < calib_tokens {
+        bail!(
+            "the calibration data has {} tokens, {calib_tokens} asked",
+            ids.len()
+        );
+    }
+    let window = window.min(cfg.max_position_embeddings).max(2);
+    Ok(ids[..calib_tokens]
+        .chunks(window)
+        .filter(|w| w.len() >= 2)
+        .map(<[u32]>::to_vec)
+        .collect())
+}
+
+fn quantize_model_from(
     input: &Path,
     output: &Path,
     opts: &QuantizeOptions,
@@ -439,25 +600,80 @@ pub fn quantize_model(
         ..Default::default()
     };
     for g in &groups {
-        let ws = g
-            .iter()
-            .map(|p| src.matrix_f32(&format!("{p}.weight")))
-            .collect::<Result<Vec<_>>>()?;
-        for (p, (_, _, k)) in g.iter().zip(&ws) {
+        for p in g {
+            let (_, k) = src.matrix_shape(&format!("{p}.weight"))?;
             if !k.is_multiple_of(BLOCK_SIZE) {
                 bail!("`{p}` has in_features {k}, not a multiple of {BLOCK_SIZE}: NVFP4 cannot quantize it");
             }
         }
-        let qs = quantize_group(&ws).with_context(|| format!("quantizing {}", g.join(", ")))?;
+    }
+    let mut gptq = match &opts.method {
+        QuantMethod::Rtn => None,
+        QuantMethod::Gptq {
+            calib,
+            calib_tokens,
+            window,
+            sequential,
+            params,
+        } => {
+            let Source::Hf { dir, .. } = &src else {
+                bail!("GPTQ reads a Hugging Face folder (a GGUF goes through a BF16 copy)");
+            };
+            let cfg = LlamaConfig::from_dir(dir)?;
+            let windows = calib_windows(dir, &cfg, calib, *calib_tokens, *window)?;
+            let longest = windows.iter().map(Vec::len).max().unwrap_or(2);
+            let lopts = LoadOptions {
+                kv_cache: KvCacheKind::Bf16,
+                max_seq_len: Some(longest),
+                dtype: None,
+                prefill_chunk: longest,
+            };
+            let mut model = Llama::load(dir, &candle_core::Device::Cpu, &lopts)
+                .context("loading the unquantized model for GPTQ calibration")?;
+            let run = CalibRun {
+                windows: &windows,
+                params,
+                sequential: *sequential,
+            };
+            let mut load = |name: &str| src.matrix_f32(name);
+            let qs = gptq_llama(&mut model, &run, &groups, &mut load, &mut |g| {
+                for p in g {
+                    done += 1;
+                    on_progress(Progress {
+                        done,
+                        total,
+                        name: p,
+                    });
+                }
+            })?;
+            Some(qs)
+        }
+    };
+    for g in &groups {
+        let qs = match gptq.as_mut() {
+            Some(m) => g
+                .iter()
+                .map(|p| m.remove(p).with_context(|| format!("GPTQ skipped `{p}`")))
+                .collect::<Result<Vec<_>>>()?,
+            None => {
+                let ws = g
+                    .iter()
+                    .map(|p| src.matrix_f32(&format!("{p}.weight")))
+                    .collect::<Result<Vec<_>>>()?;
+                quantize_group(&ws).with_context(|| format!("quantizing {}", g.join(", ")))?
+            }
+        };
         for (p, q) in g.iter().zip(&qs) {
             out.extend(nvfp4_tensors(p, q));
-            done += 1;
             summary.quantized += 1;
-            on_progress(Progress {
-                done,
-                total,
-                name: p,
-            });
+            if gptq.is_none() {
+                done += 1;
+                on_progress(Progress {
+                    done,
+                    total,
+                    name: p,
+                });
+            }
         }
     }
     for n in &names {

@@ -185,6 +185,7 @@ pub fn ensure_model(
     let opts = QuantizeOptions {
         format,
         exclude: vec![],
+        ..Default::default()
     };
     let res: Result<Summary> = quantize_model(&gguf, &tmp, &opts, on_progress);
     if let Err(e) = res {

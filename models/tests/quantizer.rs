@@ -32,6 +32,7 @@ fn quantize(input: &Path, format: OutputFormat) -> tempfile::TempDir {
     let opts = QuantizeOptions {
         format,
         exclude: vec![],
+        ..Default::default()
     };
     let s = quantize_model(input, out.path(), &opts, &mut |p| {
         calls += 1;
@@ -396,6 +397,7 @@ fn extra_exclusions_stay_bf16_and_load() {
             "*.down_proj".into(),
             "model.layers.0.self_attn.k_proj".into(),
         ],
+        ..Default::default()
     };
     let s = quantize_model(src.path(), out.path(), &opts, &mut |_| {}).unwrap();
     // k_proj excluded keeps all of q|k|v in BF16 (one shared global scale or none).

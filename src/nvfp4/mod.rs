@@ -23,8 +23,8 @@ mod swizzle;
 pub use codec::{e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, E2M1_VALUES, E4M3_MAX};
 pub use dequant::{dequantize_nvfp4, dequantize_rows, dequantize_rows_cpu};
 pub use quantize::{
-    global_scale_for_amax, quantize_nvfp4, quantize_nvfp4_slice, quantize_nvfp4_with_global_scale,
-    Nvfp4Quantized, MIN_BLOCK_SCALE,
+    block_scale_e4m3, global_scale_for_amax, quantize_nvfp4, quantize_nvfp4_slice,
+    quantize_nvfp4_with_global_scale, Nvfp4Quantized, MIN_BLOCK_SCALE,
 };
 pub use swizzle::{
     swizzle_blockscale, swizzle_blockscale_bytes, swizzled_offset, swizzled_shape,

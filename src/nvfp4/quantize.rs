@@ -52,6 +52,19 @@ pub fn global_scale_for_amax(amax: f32) -> f32 {
     amax / (6.0 * E4M3_MAX)
 }
 
+/// ModelOpt 0.47's E4M3 block scale (raw byte) for a 16-block whose largest magnitude is
+/// `block_amax`, against the global scale `global_scale`: `block_amax / (6·global_scale)`
+/// in FP32, 0 → 1.0, clamped to `[2^-9, 448]`, cast to E4M3 with round-to-nearest-even.
+pub fn block_scale_e4m3(block_amax: f32, global_scale: f32) -> u8 {
+    let per_block_scale = block_amax / (6.0 * global_scale);
+    let q = if per_block_scale == 0.0 {
+        1.0
+    } else {
+        per_block_scale.clamp(MIN_BLOCK_SCALE, E4M3_MAX)
+    };
+    e4m3_encode(q)
+}
+
 /// Quantizes a row-major FP32 matrix `[n, k]` to NVFP4 exactly as ModelOpt does.
 ///
 /// * global scale: `global_scale` if given (ModelOpt shares one across q/k/v and across
@@ -116,14 +129,7 @@ pub fn quantize_nvfp4_slice(
     let mut codes = [0u8; BLOCK_SIZE];
     for (b, block) in w.chunks_exact(BLOCK_SIZE).enumerate() {
         let bamax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-        // ModelOpt 0.47: amax / (6·gs) in FP32, 0 → 1.0, clamp to [2^-9, 448], cast.
-        let per_block_scale = bamax / (6.0 * gs);
-        let q = if per_block_scale == 0.0 {
-            1.0
-        } else {
-            per_block_scale.clamp(MIN_BLOCK_SCALE, E4M3_MAX)
-        };
-        let sbyte = e4m3_encode(q);
+        let sbyte = block_scale_e4m3(bamax, gs);
         weight_scale[b] = sbyte;
         let denom = e4m3_decode(sbyte) * gs;
         for (c, &v) in codes.iter_mut().zip(block) {

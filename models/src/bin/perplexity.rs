@@ -8,6 +8,8 @@
 //! The text is tokenized as plain text (no BOS unless the tokenizer adds one), cut into
 //! windows of `--ctx` tokens; each window starts from an empty KV cache and every token
 //! after its first is scored: perplexity = exp(mean negative log-likelihood).
+//! `--skip-windows N` leaves out the first N windows (held-out evaluation after a GPTQ
+//! calibration on the start of the same text).
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, D};
@@ -31,7 +33,11 @@ struct Args {
     /// Tokens per window.
     #[arg(long, default_value_t = 512)]
     ctx: usize,
-    /// Score at most this many windows.
+    /// Skip the first N windows (e.g. those a GPTQ calibration used: `--skip-windows 4`
+    /// after `quantize --calib-tokens 2048` on the same text with 512-token windows).
+    #[arg(long, default_value_t = 0)]
+    skip_windows: usize,
+    /// Score at most this many windows (after the skipped ones).
     #[arg(long)]
     max_windows: Option<usize>,
     /// KV cache: bf16 or ultraquant.
@@ -80,6 +86,15 @@ fn run(a: Args) -> Result<()> {
             a.ctx
         );
     }
+    if a.skip_windows >= windows.len() {
+        bail!(
+            "--skip-windows {}: the text has only {} windows of {}",
+            a.skip_windows,
+            windows.len(),
+            a.ctx
+        );
+    }
+    windows.drain(..a.skip_windows);
     if let Some(m) = a.max_windows {
         windows.truncate(m.max(1));
     }
@@ -106,10 +121,11 @@ fn run(a: Args) -> Result<()> {
         );
     }
     println!(
-        "perplexity {:.4} over {count} scored tokens ({} windows of {}) | model {} | KV {} | text {} ({} tokens)",
+        "perplexity {:.4} over {count} scored tokens ({} windows of {}, first {} skipped) | model {} | KV {} | text {} ({} tokens)",
         (nll / count as f64).exp(),
         windows.len(),
         a.ctx,
+        a.skip_windows,
         a.model,
         a.kv_cache,
         a.text.display(),

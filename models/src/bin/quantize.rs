@@ -9,11 +9,18 @@
 //! `model.safetensors`, `config.json` (with `quantization_config`),
 //! `hf_quant_config.json` and the tokenizer files. `--bf16` writes the plain BF16
 //! checkpoint instead (e.g. a GGUF converted to Hugging Face form).
+//!
+//! `--method gptq --calib-text FILE --calib-tokens N` replaces ModelOpt's round-to-nearest
+//! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
+//! `candle_fp4_models::gptq`). The default, `--method rtn`, is byte-identical to ModelOpt.
 
 use anyhow::Result;
 use candle_fp4_models::cli;
-use candle_fp4_models::quantize::{quantize_model, OutputFormat, QuantizeOptions};
-use clap::Parser;
+use candle_fp4_models::gptq::GptqParams;
+use candle_fp4_models::quantize::{
+    quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
+};
+use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -33,6 +40,37 @@ struct Args {
     /// is exactly what ModelOpt writes.
     #[arg(long)]
     exclude: Vec<String>,
+    /// rtn: ModelOpt's round-to-nearest (byte-identical); gptq: GPTQ calibrated on
+    /// `--calib-text`.
+    #[arg(long, value_enum, default_value_t = Method::Rtn)]
+    method: Method,
+    /// GPTQ: UTF-8 calibration text (tokenized with the model's tokenizer).
+    #[arg(long)]
+    calib_text: Option<PathBuf>,
+    /// GPTQ: use the first N tokens of the calibration text.
+    #[arg(long, default_value_t = 2048)]
+    calib_tokens: usize,
+    /// GPTQ: tokens per calibration window (each from position 0).
+    #[arg(long, default_value_t = 512)]
+    calib_window: usize,
+    /// GPTQ: dampening, as a fraction of the Hessian's mean diagonal.
+    #[arg(long, default_value_t = 0.01)]
+    damp: f64,
+    /// GPTQ: per block, also try this many E4M3 scales below ModelOpt's (and one above)
+    /// and keep the one with the lowest GPTQ loss (0 = ModelOpt's scale rule).
+    #[arg(long, default_value_t = 0)]
+    scale_search: u8,
+    /// GPTQ: calibrate every layer on the unquantized model's activations (one pass)
+    /// instead of the partly quantized model's (sequential, the default).
+    #[arg(long)]
+    no_sequential: bool,
+}
+
+/// `--method`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Method {
+    Rtn,
+    Gptq,
 }
 
 fn run(a: Args) -> Result<()> {
@@ -43,9 +81,28 @@ fn run(a: Args) -> Result<()> {
     } else {
         OutputFormat::Nvfp4
     };
+    let method = match a.method {
+        Method::Rtn => QuantMethod::Rtn,
+        Method::Gptq => {
+            let Some(text) = a.calib_text else {
+                anyhow::bail!("--method gptq needs --calib-text FILE");
+            };
+            QuantMethod::Gptq {
+                calib: CalibData::TextFile(text),
+                calib_tokens: a.calib_tokens,
+                window: a.calib_window,
+                sequential: !a.no_sequential,
+                params: GptqParams {
+                    damp: a.damp,
+                    scale_search: a.scale_search,
+                },
+            }
+        }
+    };
     let opts = QuantizeOptions {
         format,
         exclude: a.exclude,
+        method,
     };
     let r = quantize_model(&a.input, &a.output, &opts, &mut on_progress);
     pb.finish_and_clear();

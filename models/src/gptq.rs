@@ -1,0 +1,455 @@
+//! GPTQ (Frantar et al., 2022, "GPTQ: Accurate Post-Training Quantization for Generative
+//! Pre-trained Transformers") for NVFP4: an optional replacement for ModelOpt's
+//! round-to-nearest that writes the same checkpoint format.
+//!
+//! For one Linear `W` `[N, K]` with calibration inputs `X` `[n, K]`, GPTQ minimizes
+//! `‖(W − Ŵ)Xᵀ‖²` column by column: with `H = XᵀX/n + λI` and the upper Cholesky factor
+//! `U` of `H⁻¹` (`H⁻¹ = UᵀU`), column `j` is rounded and its error `e = (w_j − q_j)/U_jj`
+//! is spread over the columns not yet rounded, `w_{>j} −= e · U_{j,>j}` (the
+//! Optimal-Brain-Surgeon update). Rows are independent given `H`, so this runs row tile by
+//! row tile (rayon) with no lazy batching.
+//!
+//! What is NVFP4-specific: at the first column of every 16-column block, the block's E4M3
+//! scale is computed per row from the *current* (error-updated) weights of that block with
+//! ModelOpt's rule ([`candle_fp4::nvfp4::block_scale_e4m3`]) against the tensor's global
+//! scale, which stays ModelOpt's (from the original weights' amax, shared over a group);
+//! every column is then rounded with the same E2M1 code ModelOpt's quantizer picks for that
+//! scale. The result is an ordinary [`Nvfp4Quantized`] that any NVFP4 loader decodes.
+//! Optionally ([`GptqParams::scale_search`]) each block tries a few E4M3 scales next to
+//! ModelOpt's and keeps the one with the lowest GPTQ loss over the block.
+//!
+//! With `H` a multiple of the identity, `U` is diagonal, no error is propagated, and the
+//! result is RTN's (ModelOpt's) bit for bit.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Tensor};
+use candle_fp4::nvfp4::{
+    block_scale_e4m3, e2m1_decode, e2m1_encode, e4m3_decode, global_scale_for_amax, Nvfp4Quantized,
+    BLOCK_SIZE,
+};
+use rayon::prelude::*;
+
+/// GPTQ settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptqParams {
+    /// Dampening: `λ = damp · mean(diag H)` is added to the diagonal (GPTQ's `percdamp`).
+    pub damp: f64,
+    /// Per block, also try the E4M3 scales this many codes below ModelOpt's (and one
+    /// above) and keep the one with the lowest GPTQ loss over the block. 0 = ModelOpt's
+    /// scale rule on the updated weights.
+    pub scale_search: u8,
+}
+
+impl Default for GptqParams {
+    fn default() -> Self {
+        Self {
+            damp: 0.01,
+            scale_search: 0,
+        }
+    }
+}
+
+/// The second moment of a Linear's calibration inputs, `H = XᵀX / n` (`[K, K]`, f64).
+#[derive(Debug, Clone)]
+pub struct Hessian {
+    k: usize,
+    sum: Vec<f64>,
+    samples: usize,
+}
+
+impl Hessian {
+    /// An empty accumulator for inputs of `k` features.
+    pub fn new(k: usize) -> Self {
+        Self {
+            k,
+            sum: vec![0.0; k * k],
+            samples: 0,
+        }
+    }
+
+    /// A given symmetric matrix `[k, k]` (row-major), counted as one sample.
+    pub fn from_matrix(k: usize, h: Vec<f64>) -> Result<Self> {
+        if h.len() != k * k {
+            bail!("Hessian::from_matrix: {} values for [{k}, {k}]", h.len());
+        }
+        Ok(Self {
+            k,
+            sum: h,
+            samples: 1,
+        })
+    }
+
+    /// Input features `K`.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Input rows accumulated so far.
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    /// Adds the rows of `x` (`[t, K]`, any float dtype, any device) to `XᵀX`.
+    pub fn add(&mut self, x: &Tensor) -> Result<()> {
+        let (t, k) = x.dims2()?;
+        if k != self.k {
+            bail!("Hessian::add: input has {k} features, expected {}", self.k);
+        }
+        let x = x
+            .to_device(&candle_core::Device::Cpu)?
+            .to_dtype(DType::F64)?;
+        let xtx = x.t()?.contiguous()?.matmul(&x)?;
+        let v = xtx.flatten_all()?.to_vec1::<f64>()?;
+        for (s, a) in self.sum.iter_mut().zip(v) {
+            *s += a;
+        }
+        self.samples += t;
+        Ok(())
+    }
+
+    /// `XᵀX / n`, row-major `[K, K]`.
+    pub fn matrix(&self) -> Result<Vec<f64>> {
+        if self.samples == 0 {
+            bail!("Hessian: no calibration inputs were accumulated");
+        }
+        let n = self.samples as f64;
+        Ok(self.sum.iter().map(|v| v / n).collect())
+    }
+}
+
+/// Lower Cholesky factor of `a` `[k, k]` (row-major), or `None` if not positive definite.
+fn cholesky_lower(a: &[f64], k: usize) -> Option<Vec<f64>> {
+    let mut l = vec![0f64; k * k];
+    for i in 0..k {
+        for j in 0..=i {
+            let (li, lj) = (&l[i * k..i * k + j], &l[j * k..j * k + j]);
+            let dot: f64 = li.iter().zip(lj).map(|(a, b)| a * b).sum();
+            let v = a[i * k + j] - dot;
+            if i == j {
+                if !(v > 0.0 && v.is_finite()) {
+                    return None;
+                }
+                l[i * k + i] = v.sqrt();
+            } else {
+                l[i * k + j] = v / l[j * k + j];
+            }
+        }
+    }
+    Some(l)
+}
+
+/// Inverse of a lower-triangular `l` `[k, k]` (lower-triangular), row by row.
+fn lower_inverse(l: &[f64], k: usize) -> Vec<f64> {
+    let mut x = vec![0f64; k * k];
+    let mut row = vec![0f64; k];
+    for i in 0..k {
+        row[..=i].fill(0.0);
+        row[i] = 1.0;
+        for m in 0..i {
+            let c = l[i * k + m];
+            if c != 0.0 {
+                let xm = &x[m * k..m * k + m + 1];
+                for (r, v) in row[..=m].iter_mut().zip(xm) {
+                    *r -= c * v;
+                }
+            }
+        }
+        let d = l[i * k + i];
+        for (dst, r) in x[i * k..i * k + i + 1].iter_mut().zip(&row[..=i]) {
+            *dst = r / d;
+        }
+    }
+    x
+}
+
+/// The upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = UᵀU`) for a positive definite `h`.
+///
+/// With `P` the index reversal and `P H P = L Lᵀ`, `H⁻¹ = (P L⁻ᵀ P)(P L⁻¹ P)` and
+/// `U = P L⁻¹ P` is upper triangular with a positive diagonal, hence the factor: one
+/// Cholesky and one triangular inverse, no explicit `H⁻¹`.
+pub fn inverse_cholesky_upper(h: &[f64], k: usize) -> Result<Vec<f64>> {
+    if h.len() != k * k {
+        bail!("inverse_cholesky_upper: {} values for [{k}, {k}]", h.len());
+    }
+    let rev: Vec<f64> = (0..k * k)
+        .map(|idx| h[(k - 1 - idx / k) * k + (k - 1 - idx % k)])
+        .collect();
+    let Some(l) = cholesky_lower(&rev, k) else {
+        bail!("the Hessian is not positive definite");
+    };
+    let li = lower_inverse(&l, k);
+    Ok((0..k * k)
+        .map(|idx| li[(k - 1 - idx / k) * k + (k - 1 - idx % k)])
+        .collect())
+}
+
+/// The dampened Hessian's `U` (see [`inverse_cholesky_upper`]) and the dead columns
+/// (zero diagonal: inputs that were always 0). Retries with 10× the damping, up to 4
+/// times, if rounding leaves the matrix not positive definite.
+fn prepare(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>)> {
+    let k = h.k;
+    let mut m = h.matrix()?;
+    if m.iter().any(|v| !v.is_finite()) {
+        bail!("the calibration Hessian has non-finite values");
+    }
+    let dead: Vec<bool> = (0..k).map(|i| m[i * k + i] == 0.0).collect();
+    for (i, &d) in dead.iter().enumerate() {
+        if d {
+            m[i * k + i] = 1.0;
+        }
+    }
+    let mean_diag = (0..k).map(|i| m[i * k + i]).sum::<f64>() / k as f64;
+    let mut damp = damp;
+    let mut added = 0.0;
+    for _ in 0..5 {
+        let lambda = damp * mean_diag;
+        for i in 0..k {
+            m[i * k + i] += lambda - added;
+        }
+        added = lambda;
+        if let Ok(u) = inverse_cholesky_upper(&m, k) {
+            return Ok((u, dead));
+        }
+        damp = if damp > 0.0 { damp * 10.0 } else { 1e-4 };
+    }
+    bail!("the calibration Hessian is not positive definite even with dampening {damp}")
+}
+
+/// Rounds `v` with the block scale byte `s` (ModelOpt's code choice); returns the code and
+/// its dequantized value `e2m1 · (f32(e4m3) · global_scale)`.
+#[inline]
+fn round_nvfp4(v: f64, s: u8, gs: f32) -> (u8, f64) {
+    let denom = e4m3_decode(s) * gs;
+    let code = e2m1_encode(v as f32 / denom);
+    (code, (e2m1_decode(code) * denom) as f64)
+}
+
+/// GPTQ's loss over one block `w` (columns `j0..j0+16`) rounded with scale `s`, updating
+/// only within the block.
+fn block_loss(w: &[f64], u: &[f64], k: usize, j0: usize, s: u8, gs: f32) -> f64 {
+    let mut b = [0f64; BLOCK_SIZE];
+    b.copy_from_slice(w);
+    let mut loss = 0.0;
+    for t in 0..BLOCK_SIZE {
+        let j = j0 + t;
+        let (_, q) = round_nvfp4(b[t], s, gs);
+        let e = (b[t] - q) / u[j * k + j];
+        loss += e * e;
+        for (x, &c) in b[t + 1..]
+            .iter_mut()
+            .zip(&u[j * k + j + 1..j * k + j0 + BLOCK_SIZE])
+        {
+            *x -= e * c;
+        }
+    }
+    loss
+}
+
+/// The block scale for one row's current block `w`: ModelOpt's rule, or the best of the
+/// candidates around it when searching.
+fn choose_scale(w: &[f64], u: &[f64], k: usize, j0: usize, gs: f32, search: u8) -> u8 {
+    let bamax = w.iter().fold(0f32, |m, v| m.max((*v as f32).abs()));
+    let nominal = block_scale_e4m3(bamax, gs);
+    if search == 0 || bamax == 0.0 {
+        return nominal;
+    }
+    let mut best = (block_loss(w, u, k, j0, nominal, gs), nominal);
+    // Positive E4M3 bytes are ordered like their values: 0x01 (2^-9) ..= 0x7E (448).
+    let lo = nominal.saturating_sub(search).max(1);
+    let hi = nominal.saturating_add(1).min(0x7E);
+    for s in lo..=hi {
+        if s == nominal {
+            continue;
+        }
+        let l = block_loss(w, u, k, j0, s, gs);
+        if l < best.0 {
+            best = (l, s);
+        }
+    }
+    best.1
+}
+
+/// Rows processed together (each row of `U` read once per tile).
+const ROW_TILE: usize = 8;
+
+/// GPTQ of one row-major weight `[n, k]` against `global_scale` (which must be at least
+/// `amax(|w|) / (6·448)`, as for RTN) with the calibration Hessian `h`.
+pub fn gptq_quantize(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    h: &Hessian,
+    global_scale: f32,
+    params: &GptqParams,
+) -> Result<Nvfp4Quantized> {
+    Ok(gptq_quantize_group(&[(w.to_vec(), n, k)], h, Some(global_scale), params)?.remove(0))
+}
+
+/// GPTQ of a group of Linears with the same input (q/k/v or gate/up): one Hessian, one
+/// global scale shared as ModelOpt shares it (the largest of the members' own
+/// `amax / (6·448)`, unless `global_scale` is given). Each `(values, n, k)` is a row-major
+/// F32 weight with `k = h.k()`.
+pub fn gptq_quantize_group(
+    weights: &[(Vec<f32>, usize, usize)],
+    h: &Hessian,
+    global_scale: Option<f32>,
+    params: &GptqParams,
+) -> Result<Vec<Nvfp4Quantized>> {
+    let k = h.k;
+    if k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
+        bail!("gptq: in_features {k} must be a positive multiple of {BLOCK_SIZE}");
+    }
+    if !(params.damp.is_finite() && params.damp >= 0.0) {
+        bail!(
+            "gptq: dampening {} must be a finite number ≥ 0",
+            params.damp
+        );
+    }
+    let mut own = 0f32;
+    for (w, n, wk) in weights {
+        if *wk != k || w.len() != n * k {
+            bail!(
+                "gptq: a weight of {} values [{n}, {wk}] does not match the Hessian's K = {k}",
+                w.len()
+            );
+        }
+        if let Some(v) = w.iter().find(|v| !v.is_finite()) {
+            bail!("gptq: non-finite weight {v}");
+        }
+        own = own.max(global_scale_for_amax(
+            w.iter().fold(0f32, |m, v| m.max(v.abs())),
+        ));
+    }
+    let gs = match global_scale {
+        Some(g) if !(g.is_finite() && g > 0.0) => {
+            bail!("gptq: global scale {g} must be a positive finite number")
+        }
+        Some(g) if g < own => {
+            bail!("gptq: global scale {g} is below the weights' amax/(6*448) = {own}")
+        }
+        Some(g) => g,
+        None if own == 0.0 => bail!("gptq: the weights are all zeros; the global scale would be 0"),
+        None => own,
+    };
+    let (u, dead) = prepare(h, params.damp)?;
+    let s_cols = k / BLOCK_SIZE;
+    weights
+        .iter()
+        .map(|(w, n, _)| {
+            let mut rows: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            for r in rows.chunks_exact_mut(k) {
+                for (x, &d) in r.iter_mut().zip(&dead) {
+                    if d {
+                        *x = 0.0;
+                    }
+                }
+            }
+            let mut codes = vec![0u8; n * k];
+            let mut scales = vec![0u8; n * s_cols];
+            rows.par_chunks_mut(ROW_TILE * k)
+                .zip(codes.par_chunks_mut(ROW_TILE * k))
+                .zip(scales.par_chunks_mut(ROW_TILE * s_cols))
+                .for_each(|((wt, ct), st)| {
+                    quantize_tile(wt, ct, st, &u, k, gs, params.scale_search)
+                });
+            let weight = codes.chunks_exact(2).map(|c| c[0] | (c[1] << 4)).collect();
+            Ok(Nvfp4Quantized {
+                n: *n,
+                k,
+                weight,
+                weight_scale: scales,
+                global_scale: gs,
+            })
+        })
+        .collect()
+}
+
+/// GPTQ over a tile of rows `w` (`[r, k]`, updated in place), writing one code per weight
+/// and one scale byte per block.
+fn quantize_tile(
+    w: &mut [f64],
+    codes: &mut [u8],
+    scales: &mut [u8],
+    u: &[f64],
+    k: usize,
+    gs: f32,
+    search: u8,
+) {
+    let rows = w.len() / k;
+    let s_cols = k / BLOCK_SIZE;
+    let mut err = [0f64; ROW_TILE];
+    let mut sb = [0u8; ROW_TILE];
+    for blk in 0..s_cols {
+        let j0 = blk * BLOCK_SIZE;
+        for r in 0..rows {
+            let s = choose_scale(
+                &w[r * k + j0..r * k + j0 + BLOCK_SIZE],
+                u,
+                k,
+                j0,
+                gs,
+                search,
+            );
+            scales[r * s_cols + blk] = s;
+            sb[r] = s;
+        }
+        for j in j0..j0 + BLOCK_SIZE {
+            let d = u[j * k + j];
+            for r in 0..rows {
+                let v = w[r * k + j];
+                let (code, q) = round_nvfp4(v, sb[r], gs);
+                codes[r * k + j] = code;
+                err[r] = (v - q) / d;
+            }
+            let urow = &u[j * k + j + 1..(j + 1) * k];
+            for r in 0..rows {
+                let e = err[r];
+                if e != 0.0 {
+                    for (x, &c) in w[r * k + j + 1..(r + 1) * k].iter_mut().zip(urow) {
+                        *x -= e * c;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inverse_cholesky_factor_inverts() {
+        let k = 5;
+        // A symmetric positive definite matrix: B Bᵀ + I.
+        let b: Vec<f64> = (0..k * k)
+            .map(|i| ((i * 7 % 11) as f64) / 5.0 - 1.0)
+            .collect();
+        let mut h = vec![0f64; k * k];
+        for i in 0..k {
+            for j in 0..k {
+                h[i * k + j] = (0..k).map(|m| b[i * k + m] * b[j * k + m]).sum::<f64>()
+                    + if i == j { 1.0 } else { 0.0 };
+            }
+        }
+        let u = inverse_cholesky_upper(&h, k).unwrap();
+        for i in 0..k {
+            assert!(u[i * k + i] > 0.0);
+            for j in 0..i {
+                assert_eq!(u[i * k + j], 0.0);
+            }
+        }
+        // UᵀU H = I.
+        for i in 0..k {
+            for j in 0..k {
+                let v: f64 = (0..k)
+                    .map(|m| {
+                        (0..k).map(|p| u[p * k + i] * u[p * k + m]).sum::<f64>() * h[m * k + j]
+                    })
+                    .sum();
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((v - want).abs() < 1e-10, "({i},{j}): {v}");
+            }
+        }
+    }
+}
