@@ -38,6 +38,10 @@ pub struct GptqParams {
     /// above) and keep the one with the lowest GPTQ loss over the block. 0 = ModelOpt's
     /// scale rule on the updated weights.
     pub scale_search: u8,
+    /// Block-level act-order: process the 16-column blocks in order of decreasing
+    /// `Σ diag(H)` over the block (GPTQ's act-order, kept at block granularity so every
+    /// NVFP4 block stays whole and gets its scale at its first column).
+    pub act_order: bool,
 }
 
 impl Default for GptqParams {
@@ -45,6 +49,7 @@ impl Default for GptqParams {
         Self {
             damp: 0.01,
             scale_search: 0,
+            act_order: false,
         }
     }
 }
@@ -331,12 +336,33 @@ pub fn gptq_quantize_group(
         None if own == 0.0 => bail!("gptq: the weights are all zeros; the global scale would be 0"),
         None => own,
     };
-    let (u, dead) = prepare(h, params.damp)?;
     let s_cols = k / BLOCK_SIZE;
+    // Column order: block permutation `order[b]` = the original block processed b-th.
+    let mut order: Vec<usize> = (0..s_cols).collect();
+    let mut h = h.clone();
+    if params.act_order {
+        let m = h.matrix()?;
+        let weight = |b: usize| -> f64 {
+            (b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE)
+                .map(|i| m[i * k + i])
+                .sum()
+        };
+        order.sort_by(|&a, &b| weight(b).total_cmp(&weight(a)));
+        let col = |j: usize| order[j / BLOCK_SIZE] * BLOCK_SIZE + j % BLOCK_SIZE;
+        h.sum = (0..k * k)
+            .map(|idx| m[col(idx / k) * k + col(idx % k)])
+            .collect();
+        h.samples = 1;
+    }
+    let col = |j: usize| order[j / BLOCK_SIZE] * BLOCK_SIZE + j % BLOCK_SIZE;
+    let (u, dead) = prepare(&h, params.damp)?;
     weights
         .iter()
         .map(|(w, n, _)| {
-            let mut rows: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            // Row-major in processing order (column j of `rows` is original column col(j)).
+            let mut rows: Vec<f64> = (0..n * k)
+                .map(|idx| w[idx / k * k + col(idx % k)] as f64)
+                .collect();
             for r in rows.chunks_exact_mut(k) {
                 for (x, &d) in r.iter_mut().zip(&dead) {
                     if d {
@@ -352,6 +378,21 @@ pub fn gptq_quantize_group(
                 .for_each(|((wt, ct), st)| {
                     quantize_tile(wt, ct, st, &u, k, gs, params.scale_search)
                 });
+            if params.act_order {
+                // Back to the original column order.
+                let mut c = vec![0u8; n * k];
+                let mut sc = vec![0u8; n * s_cols];
+                for r in 0..*n {
+                    for j in 0..k {
+                        c[r * k + col(j)] = codes[r * k + j];
+                    }
+                    for (b, &ob) in order.iter().enumerate() {
+                        sc[r * s_cols + ob] = scales[r * s_cols + b];
+                    }
+                }
+                codes = c;
+                scales = sc;
+            }
             let weight = codes.chunks_exact(2).map(|c| c[0] | (c[1] << 4)).collect();
             Ok(Nvfp4Quantized {
                 n: *n,

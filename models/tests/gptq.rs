@@ -121,16 +121,17 @@ fn gptq_output_is_valid_nvfp4_and_beats_rtn_on_correlated_inputs() {
         // (GPTQ's updated weights can round a little worse, and H is a sample estimate).
         let predicted = ((k - 1) as f64 * (1.0 - rho * rho) + 1.0) / k as f64;
         let bound = (1.0 + predicted) / 2.0;
-        for search in [0u8, 3] {
+        for (search, act_order) in [(0u8, false), (3, false), (3, true)] {
             let params = GptqParams {
                 damp: 0.01,
                 scale_search: search,
+                act_order,
             };
             let q = gptq_quantize(&w, n, k, &h, rtn.global_scale, &params).unwrap();
             check_valid(&q, &rtn);
             let e = output_error(&w, &q, &x, rows);
             println!(
-                "K={k} search={search}: GPTQ/RTN output error {:.3} (predicted {predicted:.3}, bound {bound:.3})",
+                "K={k} search={search} act_order={act_order}: GPTQ/RTN output error {:.3} (predicted {predicted:.3}, bound {bound:.3})",
                 e / e_rtn
             );
             assert!(e < bound * e_rtn, "K={k}: GPTQ {e} vs RTN {e_rtn}");
@@ -163,9 +164,26 @@ fn identity_hessian_gives_rtn_codes() {
             let p = GptqParams {
                 damp,
                 scale_search: 0,
+                act_order: false,
             };
             let q = gptq_quantize(&w, n, k, &h, rtn.global_scale, &p).unwrap();
             assert_eq!(q, rtn, "K={k} damp={damp}");
+        }
+        // Any diagonal H: still nothing to propagate. With block act-order the blocks are
+        // processed in another order (diag chosen so that it is not 0, 1, 2, ...), and the
+        // codes and scales must land back in their own columns: RTN's bytes again.
+        let diag: Vec<f64> = (0..k).map(|i| 1.0 + ((i * 7919) % 13) as f64).collect();
+        let m: Vec<f64> = (0..k * k)
+            .map(|i| if i / k == i % k { diag[i / k] } else { 0.0 })
+            .collect();
+        let h = Hessian::from_matrix(k, m).unwrap();
+        for act_order in [false, true] {
+            let p = GptqParams {
+                act_order,
+                ..GptqParams::default()
+            };
+            let q = gptq_quantize(&w, n, k, &h, rtn.global_scale, &p).unwrap();
+            assert_eq!(q, rtn, "K={k} diagonal H, act_order={act_order}");
         }
     }
 }
@@ -207,7 +225,7 @@ fn group_shares_the_global_scale_and_checks_inputs() {
     .contains("below"));
     let neg = GptqParams {
         damp: -1.0,
-        scale_search: 0,
+        ..GptqParams::default()
     };
     assert!(err(gptq_quantize_group(&[(a.clone(), 7, k)], &h, None, &neg)).contains("dampening"));
     assert!(err(gptq_quantize_group(

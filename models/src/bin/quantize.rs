@@ -64,6 +64,10 @@ struct Args {
     /// instead of the partly quantized model's (sequential, the default).
     #[arg(long)]
     no_sequential: bool,
+    /// GPTQ: process the 16-column blocks in order of decreasing input energy
+    /// (block-level act-order).
+    #[arg(long)]
+    act_order: bool,
 }
 
 /// `--method`.
@@ -95,6 +99,7 @@ fn run(a: Args) -> Result<()> {
                 params: GptqParams {
                     damp: a.damp,
                     scale_search: a.scale_search,
+                    act_order: a.act_order,
                 },
             }
         }
