@@ -18,6 +18,7 @@
 //! the same run, counting read + write bytes. The short table is printed last.
 //!
 //! Run: `cargo bench --features cuda --bench kv_attention_cuda`
+//! (`CFP4_KV_BENCH_WINDOW=64`: the FP4 cache with an exact window of 64 tokens.)
 
 use anyhow::{anyhow, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
@@ -162,7 +163,12 @@ fn replica(dev: &Device, ctx: usize, batch: usize) -> Result<Replica> {
         kv_heads: KV_HEADS,
         head_dim: HEAD_DIM,
     };
-    let mut fp4 = KvCache::new(KvCacheKind::UltraQuant, shape, dev)?;
+    // CFP4_KV_BENCH_WINDOW=64: the FP4 cache keeps its last 64 tokens exact (BF16 ring).
+    let window = match std::env::var("CFP4_KV_BENCH_WINDOW") {
+        Ok(w) => w.trim().parse()?,
+        Err(_) => 0,
+    };
+    let mut fp4 = KvCache::with_window(KvCacheKind::UltraQuant, shape, window, dev)?;
     let mut bf16 = KvCache::new(KvCacheKind::Bf16, shape, dev)?;
     let chunk = ctx.min(8192);
     let mut done = 0;

@@ -446,7 +446,7 @@ struct TileChunks<false, D, NT> {
 // Shared memory: (nh * splits + nh) floats (the host checks it fits the kernel's SMEM).
 template <int D, int HC, int THREADS>
 __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, int nh, float* w) {
-    const int S = p.splits;
+    const int S = p.part_splits;
     float* lsum = w + HC * S;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int j = warp; j < nh; j += THREADS / 32) {
@@ -495,7 +495,10 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const int split = blockIdx.x;
     const int kvh = blockIdx.y % p.kv_heads, hc = blockIdx.y / p.kv_heads;
     const int b = blockIdx.z;
-    const int len = int(p.lens[b]);
+    // Tokens this launch attends over: all, or with an exact window of the last `win` tokens
+    // in a BF16 ring, the UltraQuant slots before it / the ring rows.
+    const int len_all = int(p.lens[b]);
+    const int len = p.win <= 0 ? len_all : FP4 ? max(len_all - p.win, 0) : min(len_all, p.win);
     constexpr int TT = 16 * C::TPI;  // tokens per stage
     const int per = (((len + p.splits - 1) / p.splits) + TT - 1) / TT * TT;
     const int t0 = min(split * per, len), t1 = min(t0 + per, len);
@@ -806,10 +809,10 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         }
         acc *= unbias;
         const size_t qh = size_t(b) * p.q_heads + size_t(kvh) * p.group + head0 + j;
-        if (p.splits == 1) {
+        if (p.part_splits == 1) {
             static_cast<__nv_bfloat16*>(p.out)[qh * D + d] = __float2bfloat16_rn(ll > 0.f ? acc / ll : 0.f);
         } else {
-            const size_t ps = qh * p.splits + split;
+            const size_t ps = qh * p.part_splits + p.split_base + split;
             p.part_o[ps * D + d] = acc;
             if (d == 0) {
                 p.part_ml[2 * ps] = mm;
@@ -817,14 +820,15 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
     }
-    if (p.splits > 1 && p.counters != nullptr) {
-        // The last CTA of this (sequence, head group) to finish merges all its splits.
+    if (p.part_splits > 1 && p.counters != nullptr) {
+        // The last CTA of this (sequence, head group) to finish, over every launch writing
+        // these partials, merges all of them.
         __shared__ bool last;
         __threadfence();  // this CTA's partials are visible before its count is
         __syncthreads();
         if (threadIdx.x == 0) {
             uint32_t* ctr = p.counters + size_t(b) * gridDim.y + blockIdx.y;
-            last = atomicAdd(ctr, 1u) == uint32_t(p.splits - 1);
+            last = atomicAdd(ctr, 1u) == uint32_t(p.part_splits - 1);
             if (last) *ctr = 0u;  // every split has counted: ready for the next launch
         }
         __syncthreads();

@@ -37,28 +37,34 @@ struct UqReadParams {
 };                           // size 40
 
 // Split-KV decode attention (UltraQuant or BF16 cache). Grid (splits, kv_heads *
-// head_chunks, batch). With splits == 1 the kernel writes `out`; otherwise it writes the
-// partials, and then either cfp4_kv_combine merges them (counters == null) or the last CTA
-// of each (sequence, head group) to finish merges them itself (counters: one per grid
-// (y, z), zero before the launch; the last CTA resets its counter to zero).
+// head_chunks, batch). With part_splits == 1 the kernel writes `out`; otherwise it writes
+// partials split_base .. split_base + splits - 1 of part_splits, and then either
+// cfp4_kv_combine merges them (counters == null) or the last CTA of each (sequence, head
+// group) to finish, over all launches writing the partials, merges them itself (counters:
+// one per grid (y, z), zero before the first launch; the last CTA resets its counter).
+// Exact window (win > 0): the UltraQuant launch attends over tokens 0 .. len - win, and a
+// BF16 launch over a ring of `win` rows (capacity = win) holding the last min(len, win)
+// tokens unrotated; both write partials of the same merge.
 struct KvAttnParams {
     const void* q;           // offset  0: bf16 [batch][q_heads][head_dim]
     const void* k;           // offset  8: UltraQuant slots, or BF16 K [batch][capacity][kv_heads][head_dim]
     const void* v;           // offset 16: BF16 V (same shape as K); null for UltraQuant
     const uint32_t* lens;    // offset 24: [batch] tokens per sequence (1 ..= capacity)
     void* out;               // offset 32: bf16 [batch][q_heads][head_dim]
-    float* part_o;           // offset 40: f32 [batch][q_heads][splits][head_dim], unnormalized
-    float* part_ml;          // offset 48: f32 [batch][q_heads][splits][2]: (max, sum), log2 domain
+    float* part_o;           // offset 40: f32 [batch][q_heads][part_splits][head_dim], unnormalized
+    float* part_ml;          // offset 48: f32 [batch][q_heads][part_splits][2]: (max, sum), log2 domain
     float scale_log2;        // offset 56: log2(e) / sqrt(head_dim)
     int q_heads;             // offset 60
     int kv_heads;            // offset 64
     int group;               // offset 68: q_heads / kv_heads
     int capacity;            // offset 72
-    int splits;              // offset 76
+    int splits;              // offset 76: this launch's splits (grid x)
     int head_dim;            // offset 80: must equal the kernel's D
-    int _pad;                // offset 84
+    int win;                 // offset 84: exact window (0 = none)
     uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null
-};                           // size 96
+    int split_base;          // offset 96: first partial index written by this launch
+    int part_splits;         // offset 100: partials per head over all launches
+};                           // size 104
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
 // w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).

@@ -83,8 +83,10 @@ pub(crate) struct KvAttnParams {
     pub capacity: i32,
     pub splits: i32,
     pub head_dim: i32,
-    pub pad: i32,
+    pub win: i32,
     pub counters: u64,
+    pub split_base: i32,
+    pub part_splits: i32,
 }
 
 /// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
@@ -189,8 +191,11 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, capacity), 72);
         assert_eq!(offset_of!(KvAttnParams, splits), 76);
         assert_eq!(offset_of!(KvAttnParams, head_dim), 80);
+        assert_eq!(offset_of!(KvAttnParams, win), 84);
         assert_eq!(offset_of!(KvAttnParams, counters), 88);
-        assert_eq!(size_of::<KvAttnParams>(), 96);
+        assert_eq!(offset_of!(KvAttnParams, split_base), 96);
+        assert_eq!(offset_of!(KvAttnParams, part_splits), 100);
+        assert_eq!(size_of::<KvAttnParams>(), 104);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);
         assert_eq!(offset_of!(KvCombineParams, part_ml), 8);
@@ -213,8 +218,10 @@ mod tests {
             "};                           // size 40",
             "float scale_log2;        // offset 56",
             "int head_dim;            // offset 80",
+            "int win;                 // offset 84",
             "uint32_t* counters;      // offset 88",
-            "};                           // size 96",
+            "int part_splits;         // offset 100",
+            "};                           // size 104",
             "int head_dim;            // offset 32",
         ] {
             assert!(

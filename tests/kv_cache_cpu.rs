@@ -46,9 +46,21 @@ fn build(
     steps: usize,
     seed: u64,
 ) -> (KvCache, History) {
+    build_window(kind, sh, 0, prompts, steps, seed)
+}
+
+/// [`build`] with an exact window of `window` tokens.
+fn build_window(
+    kind: KvCacheKind,
+    sh: CacheShape,
+    window: usize,
+    prompts: &[usize],
+    steps: usize,
+    seed: u64,
+) -> (KvCache, History) {
     let mut rng = StdRng::seed_from_u64(seed);
     let (kh, d) = (sh.kv_heads, sh.head_dim);
-    let mut cache = KvCache::new(kind, sh, &CPU).unwrap();
+    let mut cache = KvCache::with_window(kind, sh, window, &CPU).unwrap();
     let mut hist: History = vec![(Vec::new(), Vec::new()); sh.batch];
     for (b, &n) in prompts.iter().enumerate() {
         if n == 0 {
@@ -221,6 +233,131 @@ fn reference(
         }
     }
     out
+}
+
+/// f64 attention for a cache with an exact window of `w` tokens: the dequantized slots
+/// (rotated basis) for tokens before `len - w`, the appended BF16 K (rotated here by the
+/// dense f64 transform) and V for the last `w`; q rotated.
+fn reference_window(
+    cache: &KvCache,
+    hist: &History,
+    w: usize,
+    q: &[bf16],
+    q_heads: usize,
+) -> Vec<f64> {
+    let sh = cache.shape();
+    let (kh, d) = (sh.kv_heads, sh.head_dim);
+    let group = q_heads / kh;
+    let slots = uq(cache)
+        .slots()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<u8>()
+        .unwrap();
+    let slot = slot_size(d, None).unwrap();
+    let mut out = Vec::with_capacity(sh.batch * q_heads * d);
+    for (b, (k, v)) in hist.iter().enumerate() {
+        let n = cache.lens()[b];
+        for h in 0..q_heads {
+            let kvh = h / group;
+            let (mut kr, mut vr) = (Vec::with_capacity(n * d), Vec::with_capacity(n * d));
+            for t in 0..n {
+                if t + w < n {
+                    let at = ((b * sh.capacity + t) * kh + kvh) * slot;
+                    let (dk, dv) = decode_slot(&slots[at..at + slot], d).unwrap();
+                    kr.extend(dk);
+                    vr.extend(dv);
+                } else {
+                    kr.extend(wht_f64(&to_f32(&k[(t * kh + kvh) * d..][..d])));
+                    vr.extend(to_f32(&v[(t * kh + kvh) * d..][..d]));
+                }
+            }
+            let qv = wht_f64(&to_f32(&q[(b * q_heads + h) * d..][..d]));
+            out.extend(attend_f64(&qv, &kr, &vr, d));
+        }
+    }
+    out
+}
+
+/// Exact window: attention over FP4 slots for older tokens and the exact BF16 values for
+/// the last `w`, against the f64 reference of the same K/V, with the tolerance of
+/// `attention_matches_f64_on_the_same_kv` plus 2^-17·max|s|-level slack for the rotation of
+/// the exact K rows, which the reference does in f64 rounded to f32 and the cache not at all
+/// (f32 products: ~1e-7 relative, far inside one BF16 ulp). Windows of 1, 16 and 50 tokens,
+/// prompts shorter and longer than the window, then 7 one-token appends (the ring wraps).
+#[test]
+fn exact_window_attention_matches_f64() {
+    for (wi, &w) in [1usize, 16, 50].iter().enumerate() {
+        for (ci, &n) in [1usize, 17, 97, 300].iter().enumerate() {
+            for d in [64, 128] {
+                let (kh, q_heads) = (2, 8);
+                let prompts = [n, n / 2 + 1, 3];
+                let sh = shape(3, n.max(3) + 8 + w, kh, d);
+                let seed = (wi * 10 + ci) as u64;
+                let (cache, hist) =
+                    build_window(KvCacheKind::UltraQuant, sh, w, &prompts, 7, 300 + seed);
+                assert_eq!(cache.window(), w);
+                let q = queries(400 + seed, 3 * q_heads * d);
+                let got = attend(&cache, &q, q_heads);
+                let want = reference_window(&cache, &hist, w, &q, q_heads);
+                let vmax = hist
+                    .iter()
+                    .flat_map(|h| h.1.iter())
+                    .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()));
+                let (r, i) = worst_ulp_ratio(&got, &want, 1e-5 * vmax);
+                assert!(
+                    r <= 1.0,
+                    "window {w} n={n} d={d}: element {i} is {} vs {} ({r:.2} of the tolerance)",
+                    got[i],
+                    want[i]
+                );
+                // The window must matter: without it the same slots give other outputs.
+                if n > 16 {
+                    let plain = reference(&cache, &hist, &q, q_heads, true);
+                    let (r0, _) = worst_ulp_ratio(&got, &plain, 1e-5 * vmax);
+                    assert!(
+                        r0 > 1.0,
+                        "window {w} n={n} d={d}: output equals the FP4-only one"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Exact window read-back: the last `min(len, w)` tokens are the appended values bit for
+/// bit, older ones the dequantized slots (equal to a cache without the window); appends of
+/// more tokens than the window at once and single tokens that wrap the ring.
+#[test]
+fn exact_window_read_back() {
+    let (kh, d, w) = (3, 64, 16);
+    let sh = shape(2, 200, kh, d);
+    let (win, hist) = build_window(KvCacheKind::UltraQuant, sh, w, &[37, 5], 23, 77);
+    let (plain, _) = build_window(KvCacheKind::UltraQuant, sh, 0, &[37, 5], 23, 77);
+    for (b, (hk, hv)) in hist.iter().enumerate() {
+        let n = win.lens()[b];
+        let (k, v) = win.read_bf16(b).unwrap();
+        let (pk, pv) = plain.read_bf16(b).unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<bf16>().unwrap();
+        let (k, v, pk, pv) = (flat(&k), flat(&v), flat(&pk), flat(&pv));
+        let cut = n.saturating_sub(w) * kh * d;
+        assert_eq!(k.len(), n * kh * d);
+        assert_eq!(k[..cut], pk[..cut], "seq {b}: dequantized part");
+        assert_eq!(v[..cut], pv[..cut], "seq {b}: dequantized part");
+        assert_eq!(k[cut..], hk[cut..], "seq {b}: exact K window");
+        assert_eq!(v[cut..], hv[cut..], "seq {b}: exact V window");
+        assert_ne!(
+            k[cut..],
+            pk[cut..],
+            "seq {b}: the window must differ from FP4"
+        );
+    }
+    let err = UltraQuantCache::with_window(shape(1, 8, 1, 64), 9, &CPU).unwrap_err();
+    assert!(
+        err.to_string().contains("window 9 exceeds the capacity 8"),
+        "{err}"
+    );
 }
 
 fn queries(seed: u64, n: usize) -> Vec<bf16> {

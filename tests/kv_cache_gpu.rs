@@ -42,11 +42,23 @@ fn twin(
     steps: usize,
     seed: u64,
 ) -> (KvCache, KvCache) {
+    twin_window(kind, sh, 0, prompts, steps, seed)
+}
+
+/// [`twin`] with an exact window of `window` tokens (UltraQuant).
+fn twin_window(
+    kind: KvCacheKind,
+    sh: CacheShape,
+    window: usize,
+    prompts: &[usize],
+    steps: usize,
+    seed: u64,
+) -> (KvCache, KvCache) {
     let (dev, cpu) = (gpu(), Device::Cpu);
     let mut rng = StdRng::seed_from_u64(seed);
     let (kh, d) = (sh.kv_heads, sh.head_dim);
-    let mut a = KvCache::new(kind, sh, &cpu).unwrap();
-    let mut g = KvCache::new(kind, sh, &dev).unwrap();
+    let mut a = KvCache::with_window(kind, sh, window, &cpu).unwrap();
+    let mut g = KvCache::with_window(kind, sh, window, &dev).unwrap();
     let t = |x: &[bf16], dims: &[usize], dv: &Device| Tensor::from_slice(x, dims, dv).unwrap();
     for (b, &n) in prompts.iter().enumerate() {
         if n == 0 {
@@ -257,6 +269,55 @@ fn attention_group_sizes() {
                     &format!("{kind:?} d={d} kv_heads={kh} q_heads={qh}"),
                 );
             }
+        }
+    }
+}
+
+/// UltraQuant with an exact window: the ring written on the GPU reads back bit for bit as on
+/// the CPU, and attention (BF16 kernel over the ring + FP4 kernel over older tokens, one
+/// merge) matches the CPU reference with the same tolerance, for prompts shorter and longer
+/// than the window, prompts longer than the window in one append, and a ring that wraps.
+#[test]
+fn attention_exact_window() {
+    for &d in &[64, 128, 256] {
+        for (wi, &w) in [1usize, 16, 64, 100].iter().enumerate() {
+            let prompts = [300, 40, 7];
+            let sh = CacheShape {
+                batch: 3,
+                capacity: 320,
+                kv_heads: 2,
+                head_dim: d,
+            };
+            let (a, g) = twin_window(
+                KvCacheKind::UltraQuant,
+                sh,
+                w,
+                &prompts,
+                9,
+                (wi * 31 + d) as u64,
+            );
+            assert_eq!(g.window(), w);
+            for b in 0..3 {
+                let (ka, va) = a.read_bf16(b).unwrap();
+                let (kg, vg) = g.read_bf16(b).unwrap();
+                assert_eq!(
+                    host_bf16(&ka),
+                    host_bf16(&kg),
+                    "d={d} window={w} seq {b}: K read-back"
+                );
+                assert_eq!(
+                    host_bf16(&va),
+                    host_bf16(&vg),
+                    "d={d} window={w} seq {b}: V read-back"
+                );
+            }
+            check_attention(
+                &a,
+                &g,
+                8,
+                11 + wi as u64,
+                &format!("UltraQuant d={d} window={w}"),
+            );
         }
     }
 }

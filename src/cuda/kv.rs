@@ -241,6 +241,49 @@ fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize
     target.min(by_len).clamp(1, MAX_SPLITS)
 }
 
+/// One attention kernel with its warps per CTA and dynamic shared memory.
+struct AttnKernel {
+    f: CudaFunction,
+    nw: usize,
+    smem: usize,
+}
+
+impl AttnKernel {
+    fn get(loaded: &Loaded, stream: &CudaStream, fp4: bool, d: usize, nt: usize) -> Result<Self> {
+        const OP: &str = "decode attention (cuda)";
+        let (nw, smem) = attn_config(fp4, d, nt);
+        let optin = stream
+            .context()
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| cuda_err("cuDeviceGetAttribute", e))?;
+        if smem > optin as usize {
+            bail!("{OP}: the head_dim {d} kernel needs {smem} bytes of shared memory, this GPU allows {optin}")
+        }
+        let tag = if fp4 { "uq" } else { "bf16" };
+        let f = loaded
+            .function(&format!("cfp4_kv_attn_{tag}_d{d}_nt{nt}"))?
+            .0;
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
+        Ok(Self { f, nw, smem })
+    }
+
+    fn launch(&self, grid: (u32, u32, u32), pdl: bool) -> Launch {
+        Launch {
+            grid,
+            block: (self.nw * 32) as u32,
+            cluster: 1,
+            pdl,
+            smem: self.smem as u32,
+        }
+    }
+}
+
 pub(crate) fn kv_attention_cuda(
     op: &KvAttention,
     q: &CudaStorage,
@@ -268,29 +311,34 @@ pub(crate) fn kv_attention_cuda(
     let dev = q.device().clone();
     let stream = dev.cuda_stream();
     let loaded = loaded(&dev)?;
-    let (nw, smem) = attn_config(fp4, d, nt);
-    let optin = stream
-        .context()
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_err(|e| cuda_err("cuDeviceGetAttribute", e))?;
-    if smem > optin as usize {
-        bail!("{OP}: the head_dim {d} kernel needs {smem} bytes of shared memory, this GPU allows {optin}")
-    }
-    let tag = if fp4 { "uq" } else { "bf16" };
-    let f = loaded
-        .function(&format!("cfp4_kv_attn_{tag}_d{d}_nt{nt}"))?
-        .0;
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
-    let max_len = op.lens.iter().copied().max().unwrap_or(0);
+    let main = AttnKernel::get(&loaded, &stream, fp4, d, nt)?;
+    // Exact window: the BF16 kernel over the ring, then the UltraQuant kernel over the
+    // older tokens, both writing partials of one merge.
+    let win = match (&op.window, fp4) {
+        (Some(w), true) => Some(w),
+        _ => None,
+    };
+    let ring_kernel = match win {
+        Some(_) => Some(AttnKernel::get(&loaded, &stream, false, d, nt)?),
+        None => None,
+    };
+    let w = win.map_or(0, |w| w.size);
+    let max_len = op
+        .lens
+        .iter()
+        .map(|&n| n.saturating_sub(w))
+        .max()
+        .unwrap_or(0);
     let splits = match op.opts.splits {
         Some(s) => s.clamp(1, MAX_SPLITS),
         None => {
-            let per_sm = f
-                .occupancy_max_active_blocks_per_multiprocessor((nw * 32) as u32, smem, None)
+            let per_sm = main
+                .f
+                .occupancy_max_active_blocks_per_multiprocessor(
+                    (main.nw * 32) as u32,
+                    main.smem,
+                    None,
+                )
                 .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
                 .max(1) as usize;
             // UltraQuant: one CTA per SM. Measured on the H200 (docs/benchmarks.md, split
@@ -298,9 +346,18 @@ pub(crate) fn kv_attention_cuda(
             // per-CTA query rotation and warp merge, and beat two CTAs per SM at batch 1
             // (32k: 25.8 vs 28.9 us). BF16: a full wave of resident CTAs.
             let resident = if fp4 { loaded.sms } else { per_sm * loaded.sms };
-            auto_splits(max_len, sh.batch * sh.kv_heads * chunks, resident, nw)
+            auto_splits(max_len, sh.batch * sh.kv_heads * chunks, resident, main.nw)
         }
     };
+    // The ring's splits: one per 16-token tile per warp of the BF16 kernel.
+    let ring_splits = match &ring_kernel {
+        Some(rk) => w.div_ceil(16 * rk.nw).clamp(1, MAX_SPLITS),
+        None => 0,
+    };
+    let total = splits + ring_splits;
+    if total > MAX_SPLITS {
+        bail!("{OP}: {total} splits exceed {MAX_SPLITS}")
+    }
 
     let (qa, qb) = range(OP, "q", lq)?;
     if qb - qa != sh.batch * op.q_heads * d {
@@ -317,17 +374,19 @@ pub(crate) fn kv_attention_cuda(
     let n_out = sh.batch * op.q_heads * d;
     let mut out = unsafe { dev.alloc::<bf16>(n_out)? };
     // Merge of the splits: in the attention kernel's last CTA per head group (needs its
-    // weights in the kernel's shared memory), or by cfp4_kv_combine.
+    // weights in every launching kernel's shared memory), or by cfp4_kv_combine.
     let hc = 4 * nt;
-    let fused = splits > 1
+    let fits = |k: &AttnKernel| (hc * total + hc) * 4 <= k.smem;
+    let fused = total > 1
         && op.opts.fused_merge.unwrap_or(fused_merge_default(fp4))
-        && (hc * splits + hc) * 4 <= smem;
+        && fits(&main)
+        && ring_kernel.as_ref().is_none_or(fits);
     let pdl = op.opts.pdl.unwrap_or(true) && loaded.image.has_sm90_features();
-    let scratch = if splits > 1 {
+    let scratch = if total > 1 {
         Some(kv_scratch(
             &stream,
-            n_out * splits,
-            2 * sh.batch * op.q_heads * splits,
+            n_out * total,
+            2 * sh.batch * op.q_heads * total,
             sh.batch * sh.kv_heads * chunks,
         )?)
     } else {
@@ -338,7 +397,7 @@ pub(crate) fn kv_attention_cuda(
     let (qp, _g0) = qs.device_ptr(&stream);
     let (lp, _g1) = lsl.device_ptr(&stream);
     let (outp, _g2) = out.device_ptr_mut(&stream);
-    let mut params = KvAttnParams {
+    let params = KvAttnParams {
         q: qp,
         k: 0,
         v: 0,
@@ -353,24 +412,46 @@ pub(crate) fn kv_attention_cuda(
         capacity: sh.capacity as i32,
         splits: splits as i32,
         head_dim: d as i32,
-        pad: 0,
+        win: w as i32,
         counters: match scratch {
             Some(s) if fused => s.counters,
             _ => 0,
         },
+        split_base: ring_splits as i32,
+        part_splits: total as i32,
     };
-    let grid = (
-        splits as u32,
-        (sh.kv_heads * chunks) as u32,
-        sh.batch as u32,
-    );
-    let attn = Launch {
-        grid,
-        block: (nw * 32) as u32,
-        cluster: 1,
-        pdl,
-        smem: smem as u32,
-    };
+    let grid = |s: usize| (s as u32, (sh.kv_heads * chunks) as u32, sh.batch as u32);
+    if let (Some(wd), Some(rk)) = (win, &ring_kernel) {
+        let (st, l) = wd.ring.storage_and_layout();
+        let Storage::Cuda(rs) = &*st else {
+            bail!("{OP}: the exact window ring is not on the GPU")
+        };
+        let (a, b) = range(OP, "exact window ring", l)?;
+        let half = sh.batch * w * sh.kv_heads * d;
+        if b - a != 2 * half {
+            bail!(
+                "{OP}: the exact window ring holds {} values, expected {}",
+                b - a,
+                2 * half
+            )
+        }
+        let ring = rs.as_cuda_slice::<bf16>()?;
+        let (ks, vs) = (ring.slice(a..a + half), ring.slice(a + half..b));
+        let (kp, _gk) = ks.device_ptr(&stream);
+        let (vp, _gv) = vs.device_ptr(&stream);
+        if !kp.is_multiple_of(16) || !vp.is_multiple_of(16) {
+            bail!("{OP}: the exact window ring must be 16-byte aligned in device memory")
+        }
+        let p = KvAttnParams {
+            k: kp,
+            v: vp,
+            capacity: w as i32,
+            splits: ring_splits as i32,
+            split_base: 0,
+            ..params
+        };
+        unsafe { launch(&stream, &rk.f, rk.launch(grid(ring_splits), pdl), &p)? };
+    }
     if fp4 {
         let (a, b) = check_slots(OP, &sh, lkv)?;
         let ks = kv.as_cuda_slice::<u8>()?.slice(a..b);
@@ -378,8 +459,8 @@ pub(crate) fn kv_attention_cuda(
         if !kp.is_multiple_of(16) {
             bail!("{OP}: the cache must be 16-byte aligned in device memory")
         }
-        params.k = kp;
-        unsafe { launch(&stream, &f, attn, &params)? };
+        let p = KvAttnParams { k: kp, ..params };
+        unsafe { launch(&stream, &main.f, main.launch(grid(splits), pdl), &p)? };
     } else {
         let (a, b) = range(OP, "cache", lkv)?;
         let half = sh.elems(OP, d)?;
@@ -398,9 +479,12 @@ pub(crate) fn kv_attention_cuda(
         if !kp.is_multiple_of(16) || !vp.is_multiple_of(16) {
             bail!("{OP}: the BF16 cache must be 16-byte aligned in device memory")
         }
-        params.k = kp;
-        params.v = vp;
-        unsafe { launch(&stream, &f, attn, &params)? };
+        let p = KvAttnParams {
+            k: kp,
+            v: vp,
+            ..params
+        };
+        unsafe { launch(&stream, &main.f, main.launch(grid(splits), pdl), &p)? };
     }
     if let (Some(sc), false) = (scratch, fused) {
         let fc = loaded.function("cfp4_kv_combine")?.0;
@@ -409,7 +493,7 @@ pub(crate) fn kv_attention_cuda(
             part_ml: sc.part_ml,
             out: outp,
             q_heads: op.q_heads as i32,
-            splits: splits as i32,
+            splits: total as i32,
             head_dim: d as i32,
             pad: 0,
         };

@@ -173,6 +173,7 @@ impl Bf16Cache {
             q_heads,
             lens: self.lens.host.clone(),
             opts: *opts,
+            window: None,
         };
         q.contiguous()?
             .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)

@@ -4,10 +4,12 @@
 //! # Attention numerics (the oracle)
 //!
 //! Per (sequence `b`, query head `h`, KV head `h / G`), all in f32:
-//! 1. `q = f32(q_bf16)`; UltraQuant: `q ← WHT(q)` ([`wht_inplace`], the store's rotation).
+//! 1. `q = f32(q_bf16)`; UltraQuant: `q̃ = WHT(q)` ([`wht_inplace`], the store's rotation).
 //! 2. K, V rows decoded exactly (UltraQuant: `e2m1 · s`, K left in the rotated basis; BF16:
-//!    the stored values).
-//! 3. `s_t = (Σ_d q_d k_{t,d}) · f32(1/√D)`, the sum in ascending `d`.
+//!    the stored values; UltraQuant with an exact window: the last `window` tokens are the
+//!    BF16 ring's values, K unrotated).
+//! 3. `s_t = (Σ_d q_d k_{t,d}) · f32(1/√D)`, the sum in ascending `d`, with `q̃` for rotated
+//!    rows and `q` for unrotated ones.
 //! 4. `m = max_t s_t`, `p_t = exp(s_t − m)`, `l = Σ_t p_t` (ascending `t`).
 //! 5. `o_d = (Σ_t p_t v_{t,d}) / l`, rounded once to BF16 (nearest even).
 
@@ -29,6 +31,18 @@ pub enum KvSource<'a> {
         k: &'a [bf16],
         /// V values.
         v: &'a [bf16],
+    },
+    /// UltraQuant slots for all but the last `window` tokens of each sequence, which come
+    /// exact from a BF16 ring (token `t` in row `t % window`).
+    UltraQuantWindow {
+        /// Slot bytes as in [`KvSource::UltraQuant`].
+        slots: &'a [u8],
+        /// Ring K (unrotated), `[batch][window][kv_heads][head_dim]`.
+        k: &'a [bf16],
+        /// Ring V, same shape.
+        v: &'a [bf16],
+        /// Ring rows per sequence (≥ 1).
+        window: usize,
     },
 }
 
@@ -178,12 +192,34 @@ pub fn attention_cpu(
         )
     }
     let n_rows = batch * capacity * kv_heads;
+    let check_slots = |data: &[u8]| -> Result<()> {
+        if data.len() < n_rows * slot_size(d, None)? {
+            bail!(
+                "attention_cpu: {} slot bytes are too few for {shape:?}",
+                data.len()
+            )
+        }
+        Ok(())
+    };
     let rotate = match src {
         KvSource::UltraQuant(data) => {
-            if data.len() < n_rows * slot_size(d, None)? {
+            check_slots(data)?;
+            true
+        }
+        KvSource::UltraQuantWindow {
+            slots,
+            k,
+            v,
+            window,
+        } => {
+            check_slots(slots)?;
+            let ring = batch * window * kv_heads * d;
+            if window == 0 || k.len() != ring || v.len() != ring {
                 bail!(
-                    "attention_cpu: {} slot bytes are too few for {shape:?}",
-                    data.len()
+                    "attention_cpu: the exact window ring holds {} / {} values, a window of \
+                     {window} tokens for {shape:?} needs {ring} (window ≥ 1)",
+                    k.len(),
+                    v.len()
                 )
             }
             true
@@ -209,18 +245,19 @@ pub fn attention_cpu(
         .par_iter()
         .map(|&(b, kh)| {
             let n = lens[b];
-            let (kr, vr) = gather_rows(src, shape, b, kh, n)?;
+            let (kr, vr, n_rot) = gather_rows(src, shape, b, kh, n)?;
             let mut out = Vec::with_capacity(group * d);
             for gi in 0..group {
                 let qh = kh * group + gi;
-                let mut qv: Vec<f32> = q[(b * q_heads + qh) * d..][..d]
+                let qv: Vec<f32> = q[(b * q_heads + qh) * d..][..d]
                     .iter()
                     .map(|x| x.to_f32())
                     .collect();
+                let mut qr = qv.clone();
                 if rotate {
-                    wht_inplace(&mut qv)?;
+                    wht_inplace(&mut qr)?;
                 }
-                out.extend(attend_one(&qv, &kr, &vr, n, d, scale));
+                out.extend(attend_one(&qr, &qv, n_rot, &kr, &vr, n, d, scale));
             }
             Ok(out)
         })
@@ -233,52 +270,97 @@ pub fn attention_cpu(
     Ok(out)
 }
 
-/// K and V rows (f32, `[n][d]` each) of KV head `kh` of sequence `b`.
+/// K and V rows (f32, `[n][d]` each) of KV head `kh` of sequence `b`, and how many of the
+/// first rows hold K in the rotated basis (the rest are unrotated).
 fn gather_rows(
     src: KvSource<'_>,
     shape: &CacheShape,
     b: usize,
     kh: usize,
     n: usize,
-) -> Result<(Vec<f32>, Vec<f32>)> {
+) -> Result<(Vec<f32>, Vec<f32>, usize)> {
     let d = shape.head_dim;
     let row = |t: usize| (b * shape.capacity + t) * shape.kv_heads + kh;
     let mut kr = vec![0f32; n * d];
     let mut vr = vec![0f32; n * d];
-    match src {
-        KvSource::UltraQuant(data) => {
-            let slot = slot_size(d, None)?;
-            for (t, (kt, vt)) in kr
-                .chunks_exact_mut(d)
-                .zip(vr.chunks_exact_mut(d))
-                .enumerate()
-            {
-                decode_into(&data[row(t) * slot..][..slot], d, kt, vt)?;
+    let bf16_rows = |k: &[bf16],
+                     v: &[bf16],
+                     at: &dyn Fn(usize) -> usize,
+                     kr: &mut [f32],
+                     vr: &mut [f32],
+                     t0: usize| {
+        for (i, (kt, vt)) in kr
+            .chunks_exact_mut(d)
+            .zip(vr.chunks_exact_mut(d))
+            .enumerate()
+        {
+            let r = at(t0 + i);
+            for (o, x) in kt.iter_mut().zip(&k[r * d..][..d]) {
+                *o = x.to_f32();
             }
+            for (o, x) in vt.iter_mut().zip(&v[r * d..][..d]) {
+                *o = x.to_f32();
+            }
+        }
+    };
+    let slot_rows = |data: &[u8], kr: &mut [f32], vr: &mut [f32]| -> Result<()> {
+        let slot = slot_size(d, None)?;
+        for (t, (kt, vt)) in kr
+            .chunks_exact_mut(d)
+            .zip(vr.chunks_exact_mut(d))
+            .enumerate()
+        {
+            decode_into(&data[row(t) * slot..][..slot], d, kt, vt)?;
+        }
+        Ok(())
+    };
+    let n_rot = match src {
+        KvSource::UltraQuant(data) => {
+            slot_rows(data, &mut kr, &mut vr)?;
+            n
         }
         KvSource::Bf16 { k, v } => {
-            for (t, (kt, vt)) in kr
-                .chunks_exact_mut(d)
-                .zip(vr.chunks_exact_mut(d))
-                .enumerate()
-            {
-                for (o, x) in kt.iter_mut().zip(&k[row(t) * d..][..d]) {
-                    *o = x.to_f32();
-                }
-                for (o, x) in vt.iter_mut().zip(&v[row(t) * d..][..d]) {
-                    *o = x.to_f32();
-                }
-            }
+            bf16_rows(k, v, &row, &mut kr, &mut vr, 0);
+            0
         }
-    }
-    Ok((kr, vr))
+        KvSource::UltraQuantWindow {
+            slots,
+            k,
+            v,
+            window,
+        } => {
+            let n_rot = n.saturating_sub(window);
+            let (kq, ke) = kr.split_at_mut(n_rot * d);
+            let (vq, ve) = vr.split_at_mut(n_rot * d);
+            slot_rows(slots, kq, vq)?;
+            let ring = |t: usize| (b * window + t % window) * shape.kv_heads + kh;
+            bf16_rows(k, v, &ring, ke, ve, n_rot);
+            n_rot
+        }
+    };
+    Ok((kr, vr, n_rot))
 }
 
-/// Steps 3–5 of the module docs for one query.
-fn attend_one(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize, scale: f32) -> Vec<bf16> {
+/// Steps 3–5 of the module docs for one query: `q_rot` against the first `n_rot` rows of
+/// `k` (rotated basis), `q` against the rest.
+#[allow(clippy::too_many_arguments)]
+fn attend_one(
+    q_rot: &[f32],
+    q: &[f32],
+    n_rot: usize,
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    d: usize,
+    scale: f32,
+) -> Vec<bf16> {
     let s: Vec<f32> = k
         .chunks_exact(d)
-        .map(|kt| kt.iter().zip(q).fold(0f32, |acc, (a, b)| acc + a * b) * scale)
+        .enumerate()
+        .map(|(t, kt)| {
+            let qq = if t < n_rot { q_rot } else { q };
+            kt.iter().zip(qq).fold(0f32, |acc, (a, b)| acc + a * b) * scale
+        })
         .collect();
     let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let p: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();

@@ -26,6 +26,16 @@
 //! transform as K, so `q·k` is unchanged. No mask beyond the lengths: a decode step appends
 //! its token first, then attends over everything cached.
 //!
+//! # Exact window
+//!
+//! [`KvCache::with_window`] / [`UltraQuantCache::with_window`] keep the last `window` tokens
+//! of each sequence in BF16 as well (a ring, like the recent-token window of KIVI): decode
+//! attention and [`KvCache::read_bf16`] use those exact values and the FP4 slots only for
+//! older tokens. A decode token then never attends over its own quantized K/V or its
+//! neighbours', which is where FP4 costs the most quality (docs/accuracy.md: SmolLM2's
+//! perplexity cost of the cache in pure decode). On CUDA the window is a second, small
+//! launch of the BF16 kernel whose partials join the same split merge.
+//!
 //! The CPU forward is the reference the CUDA kernels are tested against (numerics in
 //! `cpu.rs`); the CUDA forward is a split-KV flash-decoding kernel (`kernels/ultraquant.cu`).
 //!
@@ -305,6 +315,31 @@ impl KvCache {
             KvCacheKind::Bf16 => Self::Bf16(Bf16Cache::new(shape, device)?),
             KvCacheKind::UltraQuant => Self::UltraQuant(UltraQuantCache::new(shape, device)?),
         })
+    }
+
+    /// Like [`KvCache::new`], with an exact window of the last `window` tokens per sequence
+    /// for UltraQuant ([`UltraQuantCache::with_window`]); the BF16 cache is exact already
+    /// and ignores it.
+    pub fn with_window(
+        kind: KvCacheKind,
+        shape: CacheShape,
+        window: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        Ok(match kind {
+            KvCacheKind::Bf16 => Self::Bf16(Bf16Cache::new(shape, device)?),
+            KvCacheKind::UltraQuant => {
+                Self::UltraQuant(UltraQuantCache::with_window(shape, window, device)?)
+            }
+        })
+    }
+
+    /// Tokens per sequence read exact although the cache is UltraQuant (0 for BF16).
+    pub fn window(&self) -> usize {
+        match self {
+            Self::Bf16(_) => 0,
+            Self::UltraQuant(c) => c.window(),
+        }
     }
 
     /// The storage kind.

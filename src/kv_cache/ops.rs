@@ -6,7 +6,7 @@ use super::cpu::{self, KvSource};
 use super::{CacheShape, DecodeOptions, KvCacheKind};
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    bail, CpuStorage, CustomOp1, CustomOp3, InplaceOp3, Layout, Result, Shape, Tensor,
+    bail, CpuStorage, CustomOp1, CustomOp3, InplaceOp3, Layout, Result, Shape, Storage, Tensor,
 };
 use half::bf16;
 
@@ -152,6 +152,16 @@ pub(crate) struct KvAttention {
     pub lens: Vec<usize>,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub opts: DecodeOptions,
+    /// UltraQuant only: the last `size` tokens of each sequence read exact from `ring`.
+    pub window: Option<ExactWindow>,
+}
+
+/// The BF16 ring of an UltraQuant cache's exact window: `[2, batch, size, kv_heads,
+/// head_dim]` (K unrotated, then V), token `t` of a sequence in row `t % size`.
+#[derive(Debug, Clone)]
+pub(crate) struct ExactWindow {
+    pub size: usize,
+    pub ring: Tensor,
 }
 
 impl CustomOp3 for KvAttention {
@@ -174,9 +184,25 @@ impl CustomOp3 for KvAttention {
         const OP: &str = "decode attention";
         let q = cpu_bf16(OP, "q", s1, l1)?;
         let lens = cpu_lens(OP, s3, l3)?;
-        let src = match self.kind {
-            KvCacheKind::UltraQuant => KvSource::UltraQuant(cpu_u8(OP, "cache", s2, l2)?),
-            KvCacheKind::Bf16 => {
+        let ring_guard;
+        let src = match (self.kind, &self.window) {
+            (KvCacheKind::UltraQuant, Some(w)) => {
+                let (st, l) = w.ring.storage_and_layout();
+                ring_guard = st;
+                let kv = match &*ring_guard {
+                    Storage::Cpu(c) => cpu_bf16(OP, "exact window ring", c, l)?,
+                    _ => bail!("{OP}: the exact window ring is not on the CPU"),
+                };
+                let (k, v) = kv.split_at(kv.len() / 2);
+                KvSource::UltraQuantWindow {
+                    slots: cpu_u8(OP, "cache", s2, l2)?,
+                    k,
+                    v,
+                    window: w.size,
+                }
+            }
+            (KvCacheKind::UltraQuant, None) => KvSource::UltraQuant(cpu_u8(OP, "cache", s2, l2)?),
+            (KvCacheKind::Bf16, _) => {
                 let kv = cpu_bf16(OP, "cache", s2, l2)?;
                 let (k, v) = kv.split_at(kv.len() / 2);
                 KvSource::Bf16 { k, v }

@@ -1,6 +1,6 @@
 //! [`UltraQuantCache`]: one layer's FP4 KV cache in the UltraQuant slot layout.
 
-use super::ops::{KvAttention, UqRead, UqStore};
+use super::ops::{ExactWindow, KvAttention, UqRead, UqStore};
 use super::{
     check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, Lengths,
     SLOT_PADDING,
@@ -10,6 +10,12 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// UltraQuant FP4 KV cache of one layer: slots `[batch][capacity][kv_heads][slot]` in one
 /// preallocated U8 tensor (see the [module docs](super)).
+///
+/// Optionally with an **exact window** ([`UltraQuantCache::with_window`]): the last `window`
+/// tokens of each sequence are also kept in BF16 (a preallocated ring of `window` rows), and
+/// attention and read-back use those exact values for them, the FP4 slots for older tokens.
+/// Every token is still written to its slot at append, so the slots always hold the whole
+/// sequence in the format.
 #[derive(Debug, Clone)]
 pub struct UltraQuantCache {
     shape: CacheShape,
@@ -17,6 +23,7 @@ pub struct UltraQuantCache {
     /// U8 `[batch · capacity · kv_heads · slot + SLOT_PADDING]`.
     data: Tensor,
     lens: Lengths,
+    window: Option<ExactWindow>,
 }
 
 impl UltraQuantCache {
@@ -38,9 +45,37 @@ impl UltraQuantCache {
             slot,
             data,
             lens: Lengths::zeros(shape.batch, device)?,
+            window: None,
         })
     }
 
+    /// A cache whose last `window` tokens per sequence are kept exact in BF16 (see the type
+    /// docs); `window = 0` is [`UltraQuantCache::new`]. Costs `4 · window · kv_heads ·
+    /// head_dim` bytes per sequence more. Errors as `new`, and when `window` exceeds the
+    /// capacity.
+    pub fn with_window(shape: CacheShape, window: usize, device: &Device) -> Result<Self> {
+        let mut c = Self::new(shape, device)?;
+        if window > shape.capacity {
+            bail!(
+                "UltraQuantCache::with_window: window {window} exceeds the capacity {}",
+                shape.capacity
+            )
+        }
+        if window > 0 {
+            let ring = Tensor::zeros(
+                (2, shape.batch, window, shape.kv_heads, shape.head_dim),
+                DType::BF16,
+                device,
+            )?;
+            c.window = Some(ExactWindow { size: window, ring });
+        }
+        Ok(c)
+    }
+
+    /// Tokens per sequence kept exact in BF16 (0: none).
+    pub fn window(&self) -> usize {
+        self.window.as_ref().map_or(0, |w| w.size)
+    }
     /// The cache's dimensions.
     pub fn shape(&self) -> CacheShape {
         self.shape
@@ -51,7 +86,8 @@ impl UltraQuantCache {
         self.slot
     }
 
-    /// Cache bytes per token per layer: `kv_heads · slot`.
+    /// Cache bytes per token per layer: `kv_heads · slot` (the exact window's fixed
+    /// `4 · window · kv_heads · head_dim` bytes per sequence not included).
     pub fn bytes_per_token(&self) -> usize {
         self.shape.kv_heads * self.slot
     }
@@ -131,6 +167,18 @@ impl UltraQuantCache {
             lens_dev: self.lens.dev.clone(),
         };
         self.data.inplace_op3(&k, &v, &op)?;
+        if let Some(w) = &self.window {
+            for (i, &start) in starts.iter().enumerate() {
+                let per_seq = |t: &Tensor| {
+                    if t.rank() == 4 {
+                        t.get(i)
+                    } else {
+                        Ok(t.clone())
+                    }
+                };
+                write_ring(w, seq_base + i, start, &per_seq(&k)?, &per_seq(&v)?)?;
+            }
+        }
         let mut lens = self.lens.host.clone();
         for (i, s) in starts.iter().enumerate() {
             lens[seq_base + i] = s + tokens;
@@ -148,8 +196,9 @@ impl UltraQuantCache {
         self.lens.reset_seq("UltraQuantCache::reset_seq", seq)
     }
 
-    /// Sequence `seq` dequantized to BF16 `(k, v)`, each `[len, kv_heads, head_dim]`, K
-    /// rotated back (bit for bit `ultraquant::decode_slot_unrotated` rounded to BF16).
+    /// Sequence `seq` as BF16 `(k, v)`, each `[len, kv_heads, head_dim]`: dequantized, K
+    /// rotated back (bit for bit `ultraquant::decode_slot_unrotated` rounded to BF16), but
+    /// the exact window's tokens as stored.
     pub fn read_bf16(&self, seq: usize) -> Result<(Tensor, Tensor)> {
         if seq >= self.shape.batch {
             bail!(
@@ -157,7 +206,28 @@ impl UltraQuantCache {
                 self.shape.batch
             )
         }
-        let count = self.lens.host[seq];
+        let len = self.lens.host[seq];
+        let Some(w) = &self.window else {
+            return self.read_slots(seq, len);
+        };
+        let n_exact = len.min(w.size);
+        let (kq, vq) = self.read_slots(seq, len - n_exact)?;
+        let mut ks = vec![kq];
+        let mut vs = vec![vq];
+        // Ring rows of tokens len - n_exact .. len, in token order (at most two runs).
+        let mut t = len - n_exact;
+        while t < len {
+            let row = t % w.size;
+            let n = (w.size - row).min(len - t);
+            ks.push(w.ring.get(0)?.get(seq)?.narrow(0, row, n)?);
+            vs.push(w.ring.get(1)?.get(seq)?.narrow(0, row, n)?);
+            t += n;
+        }
+        Ok((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?))
+    }
+
+    /// Tokens `0..count` of sequence `seq` decoded from the slots.
+    fn read_slots(&self, seq: usize, count: usize) -> Result<(Tensor, Tensor)> {
         let kv = if count == 0 {
             Tensor::zeros(
                 (2, 0, self.shape.kv_heads, self.shape.head_dim),
@@ -195,8 +265,27 @@ impl UltraQuantCache {
             q_heads,
             lens: self.lens.host.clone(),
             opts: *opts,
+            window: self.window.clone(),
         };
         q.contiguous()?
             .apply_op3_no_bwd(&self.data, &self.lens.dev, &op)
     }
+}
+
+/// Writes the last `min(tokens, size)` of `k`, `v` `[tokens, kv_heads, head_dim]`
+/// (contiguous), tokens `start..start + tokens` of sequence `seq`, into the ring rows
+/// `t % size` (at most two contiguous runs).
+fn write_ring(w: &ExactWindow, seq: usize, start: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+    let tokens = k.dim(0)?;
+    let skip = tokens.saturating_sub(w.size);
+    let (rk, rv) = (w.ring.get(0)?.get(seq)?, w.ring.get(1)?.get(seq)?);
+    let mut j = skip;
+    while j < tokens {
+        let row = (start + j) % w.size;
+        let n = (w.size - row).min(tokens - j);
+        rk.slice_set(&k.narrow(0, j, n)?.contiguous()?, 0, row)?;
+        rv.slice_set(&v.narrow(0, j, n)?.contiguous()?, 0, row)?;
+        j += n;
+    }
+    Ok(())
 }
