@@ -66,12 +66,14 @@ fn token_major(x: &Tensor) -> Result<Tensor> {
 }
 
 impl LayerCache {
-    /// A cache for `capacity` tokens of `n_kv` heads of `head_dim`, on `device`.
+    /// A cache for `capacity` tokens of `n_kv` heads of `head_dim`, on `device`; UltraQuant
+    /// keeps the last `window` tokens (at most `capacity`) exact as well.
     pub fn new(
         kind: KvCacheKind,
         n_kv: usize,
         head_dim: usize,
         capacity: usize,
+        window: usize,
         device: &Device,
     ) -> Result<Self> {
         let shape = CacheShape {
@@ -82,7 +84,7 @@ impl LayerCache {
         };
         Ok(Self {
             kind,
-            inner: KvCache::new(kind.into(), shape, device)?,
+            inner: KvCache::with_window(kind.into(), shape, window.min(capacity), device)?,
             n_kv,
             head_dim,
         })
@@ -171,7 +173,7 @@ mod tests {
         let k = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
         let v = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
         for kind in [KvCacheKind::Bf16, KvCacheKind::UltraQuant] {
-            let mut c = LayerCache::new(kind, 1, 64, 8, &dev).unwrap();
+            let mut c = LayerCache::new(kind, 1, 64, 8, 0, &dev).unwrap();
             c.prefill(&k.narrow(1, 0, 2).unwrap(), &v.narrow(1, 0, 2).unwrap())
                 .unwrap();
             let (ka, va) = c
@@ -213,5 +215,33 @@ mod tests {
                 .unwrap();
             assert_eq!((y.dims(), c.len()), (&[3, 64][..], 5));
         }
+    }
+
+    #[test]
+    fn exact_window_keeps_the_newest_prefix_tokens_exact() {
+        let dev = Device::Cpu;
+        let k = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
+        let v = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
+        let mut c = LayerCache::new(KvCacheKind::UltraQuant, 1, 64, 8, 1, &dev).unwrap();
+        c.prefill(&k.narrow(1, 0, 2).unwrap(), &v.narrow(1, 0, 2).unwrap())
+            .unwrap();
+        let (_, va) = c
+            .prefill(&k.narrow(1, 2, 2).unwrap(), &v.narrow(1, 2, 2).unwrap())
+            .unwrap();
+        let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let exact = f(&v.to_dtype(DType::BF16).unwrap());
+        let err = |i: usize| {
+            (f(&va.narrow(1, i, 1).unwrap()) - exact.narrow(1, i, 1).unwrap())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        // Token 1 is the window (exact), token 0 comes from its FP4 slot.
+        assert!(err(0) > 0.0);
+        assert_eq!(err(1), 0.0);
     }
 }

@@ -25,7 +25,7 @@ pub mod tokenizer;
 
 pub use config::{LlamaConfig, RopeScaling};
 pub use kv_cache::{KvCacheKind, LayerCache};
-pub use llama::{Llama, LoadOptions};
+pub use llama::{Llama, LoadOptions, DEFAULT_KV_WINDOW};
 
 /// Rows of hidden states sent through `lm_head` at once by `Llama::forward_all`.
 pub const MAX_LOGIT_ROWS: usize = 32;

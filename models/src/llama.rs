@@ -35,7 +35,16 @@ pub struct LoadOptions {
     /// chunk). With the UltraQuant cache a chunk attends over its own K/V exactly (see
     /// `kv_cache`), so this also sets how much of a prompt sees unquantized K/V.
     pub prefill_chunk: usize,
+    /// UltraQuant cache only: the most recent tokens kept exact in BF16 besides their FP4
+    /// slots (`candle_fp4::kv_cache`'s exact window; 0 = every token read from FP4).
+    /// Default [`DEFAULT_KV_WINDOW`].
+    pub kv_window: usize,
 }
+
+/// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
+/// perplexity cost of the FP4 cache in pure decode drops from +20.8 % to the numbers
+/// there; 64 · kv_heads · head_dim · 4 bytes per layer, 96 KiB per layer for SmolLM2).
+pub const DEFAULT_KV_WINDOW: usize = 64;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -44,6 +53,7 @@ impl Default for LoadOptions {
             max_seq_len: None,
             dtype: None,
             prefill_chunk: 32,
+            kv_window: DEFAULT_KV_WINDOW,
         }
     }
 }
@@ -285,7 +295,7 @@ impl Llama {
         };
         let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
         let caches = (0..cfg.num_hidden_layers)
-            .map(|_| LayerCache::new(opts.kv_cache, nkv, hd, max_seq_len, device))
+            .map(|_| LayerCache::new(opts.kv_cache, nkv, hd, max_seq_len, opts.kv_window, device))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {
             cfg,

@@ -627,6 +627,7 @@ fn quantize_model_from(
                 max_seq_len: Some(longest),
                 dtype: None,
                 prefill_chunk: longest,
+                kv_window: 0,
             };
             let mut model = Llama::load(dir, &candle_core::Device::Cpu, &lopts)
                 .context("loading the unquantized model for GPTQ calibration")?;

@@ -140,6 +140,7 @@ fn ultraquant_kv_cache_stays_close() {
         kv_cache: KvCacheKind::UltraQuant,
         // Every token attends as in decode, over FP4 K/V only.
         prefill_chunk: 1,
+        kv_window: 0,
         ..Default::default()
     };
     let mut uq = load(&data(), opts);
@@ -165,5 +166,17 @@ fn ultraquant_kv_cache_stays_close() {
     let l = uq.forward_all(&r.ids, 0).unwrap();
     let (max, agree) = compare(&l, &base);
     assert!(max <= tolerance(&base), "max |diff| {max}");
+    assert_eq!(agree, 12);
+    // Decode token by token with an exact window covering the text (the default, 64 >
+    // 12 tokens): every token reads exact K/V, so again only roundings differ.
+    let opts = LoadOptions {
+        kv_cache: KvCacheKind::UltraQuant,
+        prefill_chunk: 1,
+        ..Default::default()
+    };
+    let mut uq = load(&data(), opts);
+    let l = uq.forward_all(&r.ids, 0).unwrap();
+    let (max, agree) = compare(&l, &base);
+    assert!(max <= tolerance(&base), "exact window: max |diff| {max}");
     assert_eq!(agree, 12);
 }

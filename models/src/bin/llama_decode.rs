@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use candle_fp4_models::cli;
 use candle_fp4_models::sampling::Sampler;
 use candle_fp4_models::tokenizer::TextTokenizer;
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use candle_fp4_models::{KvCacheKind, Llama, LoadOptions, DEFAULT_KV_WINDOW};
 use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
@@ -42,6 +42,9 @@ struct Args {
     /// KV cache: bf16 or ultraquant.
     #[arg(long, default_value = "bf16")]
     kv_cache: KvCacheKind,
+    /// UltraQuant: the most recent tokens also kept exact in BF16 (0 = all FP4).
+    #[arg(long, default_value_t = DEFAULT_KV_WINDOW)]
+    kv_window: usize,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -85,6 +88,7 @@ fn run(args: Args) -> Result<()> {
         kv_cache: args.kv_cache,
         max_seq_len: args.max_seq_len,
         prefill_chunk: args.prefill_chunk,
+        kv_window: args.kv_window,
         ..Default::default()
     };
     let t0 = Instant::now();

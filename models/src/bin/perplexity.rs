@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, D};
 use candle_fp4_models::cli;
 use candle_fp4_models::tokenizer::TextTokenizer;
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use candle_fp4_models::{KvCacheKind, Llama, LoadOptions, DEFAULT_KV_WINDOW};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +43,9 @@ struct Args {
     /// KV cache: bf16 or ultraquant.
     #[arg(long, default_value = "bf16")]
     kv_cache: KvCacheKind,
+    /// UltraQuant: the most recent tokens also kept exact in BF16 (0 = all FP4).
+    #[arg(long, default_value_t = DEFAULT_KV_WINDOW)]
+    kv_window: usize,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -66,6 +69,7 @@ fn run(a: Args) -> Result<()> {
         kv_cache: a.kv_cache,
         max_seq_len: Some(a.ctx),
         prefill_chunk: a.prefill_chunk,
+        kv_window: a.kv_window,
         ..Default::default()
     };
     let mut model = Llama::load(&dir, &device, &opts)?;
@@ -121,13 +125,17 @@ fn run(a: Args) -> Result<()> {
         );
     }
     println!(
-        "perplexity {:.4} over {count} scored tokens ({} windows of {}, first {} skipped) | model {} | KV {} | text {} ({} tokens)",
+        "perplexity {:.4} over {count} scored tokens ({} windows of {}, first {} skipped) | model {} | KV {} (exact window {}) | text {} ({} tokens)",
         (nll / count as f64).exp(),
         windows.len(),
         a.ctx,
         a.skip_windows,
         a.model,
         a.kv_cache,
+        match a.kv_cache {
+            KvCacheKind::UltraQuant => a.kv_window.to_string(),
+            KvCacheKind::Bf16 => "n/a".to_string(),
+        },
         a.text.display(),
         ids.len()
     );
