@@ -102,21 +102,24 @@ fn nvfp4_model_on_gpu_matches_transformers() {
 #[test]
 fn ultraquant_cache_on_gpu_matches_cpu() {
     let (ids, _) = reference();
-    let opts = LoadOptions {
-        kv_cache: KvCacheKind::UltraQuant,
-        dtype: Some(DType::BF16),
-        // Every token from the FP4 slots (the default window would cover this short text).
-        kv_window: 0,
-        ..Default::default()
-    };
-    let mut g = Llama::load(data(), &gpu(), &opts).unwrap();
-    let mut c = Llama::load(data(), &Device::Cpu, &opts).unwrap();
-    let want = prefill_then_decode(&mut c, &ids);
-    let tol = 4.0 * tolerance(&want);
-    check_with(
-        "GPU vs CPU, UltraQuant cache, decode",
-        &prefill_then_decode(&mut g, &ids),
-        &want,
-        tol,
-    );
+    // Window 0: every token from the FP4 slots; 5: the last 5 tokens exact (the ring wraps
+    // during the decode), as the models' default window does on longer texts.
+    for kv_window in [0, 5] {
+        let opts = LoadOptions {
+            kv_cache: KvCacheKind::UltraQuant,
+            dtype: Some(DType::BF16),
+            kv_window,
+            ..Default::default()
+        };
+        let mut g = Llama::load(data(), &gpu(), &opts).unwrap();
+        let mut c = Llama::load(data(), &Device::Cpu, &opts).unwrap();
+        let want = prefill_then_decode(&mut c, &ids);
+        let tol = 4.0 * tolerance(&want);
+        check_with(
+            &format!("GPU vs CPU, UltraQuant cache (exact window {kv_window}), decode"),
+            &prefill_then_decode(&mut g, &ids),
+            &want,
+            tol,
+        );
+    }
 }
