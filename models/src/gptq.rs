@@ -21,7 +21,7 @@
 //! With `H` a multiple of the identity, `U` is diagonal, no error is propagated, and the
 //! result is RTN's (ModelOpt's) bit for bit.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 use candle_fp4::nvfp4::{
     block_scale_e4m3, e2m1_decode, e2m1_encode, e4m3_decode, global_scale_for_amax, Nvfp4Quantized,
@@ -287,7 +287,9 @@ pub fn gptq_quantize(
     global_scale: f32,
     params: &GptqParams,
 ) -> Result<Nvfp4Quantized> {
-    Ok(gptq_quantize_group(&[(w.to_vec(), n, k)], h, Some(global_scale), params)?.remove(0))
+    gptq_quantize_group(&[(w.to_vec(), n, k)], h, Some(global_scale), params)?
+        .pop()
+        .context("gptq: no output")
 }
 
 /// GPTQ of a group of Linears with the same input (q/k/v or gate/up): one Hessian, one

@@ -19,6 +19,11 @@
 //! `input_scale` tensors). `config.json` gets ModelOpt's `quantization_config` block and
 //! `hf_quant_config.json` is written next to it; tokenizer files are copied (or, from a
 //! GGUF, built from its metadata).
+//!
+//! All of the above is the default method, [`QuantMethod::Rtn`]. [`QuantMethod::Gptq`]
+//! picks the codes and block scales with GPTQ ([`crate::gptq`]) calibrated on text run
+//! through the unquantized model instead; everything else (tensors, layouts, global
+//! scales and their sharing, exclusions, json files) is the same.
 
 use crate::calib::{gptq_llama, CalibRun};
 use crate::config::LlamaConfig;
