@@ -16,10 +16,13 @@
 //!   standard recursive-summation bound, K·u32 ≪ 1), and the multiply by the global
 //!   scale gs adds u32·|acc·gs|, so the two pre-rounding values a, b satisfy
 //!   |a − b| ≤ 2δ, δ = (K + 1)·u32·S with S = gs·Σ|x·w| (computed here in F64). The
-//!   (The AVX2 single-token path multiplies each block's 16-value partial sum by the
+//!   (The AVX2 single-token paths multiply each block's 16-value partial sum by the
 //!   block scale instead of every weight: a regrouping that adds at most 2 roundings
 //!   per product, covered by the same bound for K ≥ 32, since a product passes through
-//!   at most K/32 + 8 roundings there.) The
+//!   at most K/32 + 8 roundings there: the K % 32 kernel's even/odd chains K/32 + 5,
+//!   the K % 64 decode kernel's four chains 1 + K/64 + 5. With M = 1 and K ∈ {64, 576,
+//!   1536, 2048} below, the decode kernel and, on a machine with more than one thread,
+//!   the spinning pool are what runs.) The
 //!   BF16 rounding moves each by at most u16·|value| (u16 = 2^-8), so
 //!   `|y_simd − y_scalar| ≤ 2δ + 1.01·u16·(|y_simd| + |y_scalar|)`. That bound allows a
 //!   1-ulp flip anywhere, so we also require that at most 2 % of the elements differ at

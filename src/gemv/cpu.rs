@@ -6,7 +6,13 @@
 //! across rayon tasks), then runs one shared epilogue (global scale on the accumulator,
 //! one BF16 rounding, optional `silu(gate)·up`). The paths differ only in how the FP32
 //! sum is ordered and grouped (the AVX2 single-token path multiplies each block's
-//! 16-value partial sum by the block scale, `s·Σq·x` = `Σ(q·s)·x` regrouped).
+//! 16-value partial sum of exact `e2m1·x` products by the block scale, `s·Σq·x` =
+//! `Σ(q·s)·x` regrouped; it reads `x` with each block's even elements first, a
+//! permutation made while converting `x` to FP32).
+//!
+//! Threads: rows are split across rayon tasks, except for a single token (decode) with
+//! more than one thread, where a small spinning pool (`cpu_pool`) runs the row chunks:
+//! its helpers stay awake for a few ms between GEMVs instead of being woken per call.
 //!
 //! * [`CpuKernel::Scalar`] (the oracle): each weight row is decoded into an FP32 buffer,
 //!   then dotted with every token (eight interleaved FP32 sums).
@@ -284,8 +290,24 @@ pub fn gemv_cpu_with(
         CpuKernel::Scalar
     };
     let mut xf = Vec::with_capacity(m * k);
-    for i in 0..m {
-        xf.extend(x[i * rs..i * rs + k].iter().map(|v| v.to_f32()));
+    #[cfg(target_arch = "x86_64")]
+    if kernel == CpuKernel::Avx2 && super::cpu_avx2::single_token_path(rows, m, k) {
+        // The single-token NVFP4 kernel's layout: each block's even elements, then its
+        // odd ones (a permutation of the same FP32 values).
+        xf.resize(k, 0.0);
+        for (src, dst) in x[..k]
+            .as_chunks::<16>()
+            .0
+            .iter()
+            .zip(xf.as_chunks_mut::<16>().0)
+        {
+            super::cpu_avx2::split_x_block(src, dst);
+        }
+    }
+    if xf.is_empty() {
+        for i in 0..m {
+            xf.extend(x[i * rs..i * rs + k].iter().map(|v| v.to_f32()));
+        }
     }
     let acc = accumulate(kernel, rows, &xf, m, k, n)?;
     Ok(epilogue(&acc, m, n, global_scale, silu_mul))
@@ -313,12 +335,44 @@ fn accumulate(
         for item in acc.chunks_mut(ROWS_PER_TASK * m).enumerate() {
             task(&mut scratch, item)?;
         }
+    } else if let Some(r) = single_token_pool(m, n, &mut acc, &task) {
+        r?;
     } else {
         acc.par_chunks_mut(ROWS_PER_TASK * m)
             .enumerate()
             .try_for_each_init(Vec::new, task)?;
     }
     Ok(acc)
+}
+
+/// A single token's rows on the spinning pool (`cpu_pool`): a decode step's GEMVs are
+/// 30–350 µs calls, where waking rayon's sleeping workers costs more than it saves.
+/// Four tasks per thread (multiples of [`ROWS_PER_TASK`] rows), claimed dynamically, so
+/// a thread slowed by another process does not hold the others back. `None` when the
+/// pool does not apply (`m > 1`, one thread, another caller inside, another pool size).
+fn single_token_pool<F>(m: usize, n: usize, acc: &mut [f32], task: &F) -> Option<Result<()>>
+where
+    F: Fn(&mut Vec<f32>, (usize, &mut [f32])) -> Result<()> + Sync,
+{
+    if m != 1 {
+        return None;
+    }
+    let pool = super::cpu_pool::Pool::global()?;
+    if pool.threads() != rayon::current_num_threads() {
+        return None;
+    }
+    let per = n.div_ceil(4 * pool.threads() * ROWS_PER_TASK).max(1);
+    let chunks: Vec<std::sync::Mutex<&mut [f32]>> = acc
+        .chunks_mut(per * ROWS_PER_TASK)
+        .map(std::sync::Mutex::new)
+        .collect();
+    let run = |i: usize| -> Result<()> {
+        let Ok(mut out) = chunks[i].lock() else {
+            bail!("gemv: a task's output is poisoned");
+        };
+        task(&mut Vec::new(), (i * per, &mut out))
+    };
+    pool.run_tasks(chunks.len(), &run)
 }
 
 /// Accumulators of rows `row0..row0 + out.len() / m` into `out` (`[row][token]`).

@@ -5,11 +5,18 @@
 //! nibbles index a `pshufb` table of `2·e2m1` (integers −12..=12), which are converted
 //! to FP32 and multiplied by `e4m3/2`. Every step is exact (a ≤ 4-bit integer times a
 //! 4-bit-significand scale), so each lane holds exactly `e2m1 · e4m3`. The block is then
-//! used for up to 4 tokens (one FMA per 8 weights per token). For a single token (the
-//! decode case) the scale multiplies the block's 16-value partial sum instead,
-//! `s·Σ(2·e2m1)·x` (exact products, 3 FP operations per block instead of 4): the same
-//! sum regrouped, so like the summation order it only changes FP32 rounding. BF16: 8
-//! weights widened to FP32 by a 16-bit shift (exact). Accumulation is FP32 throughout.
+//! used for up to 4 tokens (one FMA per 8 weights per token). BF16: 8 weights widened to
+//! FP32 by a 16-bit shift (exact). Accumulation is FP32 throughout.
+//!
+//! Single token, NVFP4, `K % 64 == 0` (the decode case, [`single_token_path`]): a separate
+//! kernel, `row_nvfp4_t1`. `x` arrives with each block's even elements first (the low
+//! nibbles), so the nibbles need no interleave; one `pshufb` per nibble half maps 32
+//! codes to the FP16 high bytes of their E2M1 values, `vcvtph2ps` widens them (exact),
+//! and the E4M3 scale multiplies the block's partial sum `Σ e2m1·x` (exact products,
+//! summed in FP32) once, with one FMA into one of four accumulators. The same sum
+//! regrouped: per product at most 1 + K/64 + 5 FP32 roundings (pair sum, accumulator
+//! chain, the final 2 + 3 additions), inside the K/32 + 8 that `tests/gemv_cpu_simd.rs`
+//! allows.
 
 use super::cpu::{half_e4m3_table, RowBlocks, WeightRows};
 use candle_core::{bail, Result};
@@ -217,6 +224,150 @@ fn row_all_tokens(row: Row<'_>, xb: &[&[[f32; 16]]], blocks: usize, out: &mut [f
     }
 }
 
+/// Whether the single-token NVFP4 path ([`rows_nvfp4_t1`]) runs for this call: AVX2 +
+/// FMA + F16C, NVFP4 rows, `m == 1`, `k % 64 == 0`. When it does, the caller lays the
+/// FP32 `x` out with [`split_x_block`] (so the row kernel needs no interleave).
+pub(super) fn single_token_path(rows: &WeightRows<'_>, m: usize, k: usize) -> bool {
+    m == 1
+        && k.is_multiple_of(64)
+        && matches!(rows, WeightRows::Nvfp4 { .. })
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// One 16-value block of `x` in the single-token path's layout: the even elements
+/// (the weights' low nibbles) first, then the odd ones (high nibbles).
+pub(super) fn split_x_block(src: &[bf16; 16], dst: &mut [f32; 16]) {
+    for i in 0..8 {
+        dst[i] = src[2 * i].to_f32();
+        dst[8 + i] = src[2 * i + 1].to_f32();
+    }
+}
+
+/// One NVFP4 row against one token in the split layout: `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
+///
+/// Four blocks (32 code bytes) per step: the low and high nibbles go through one
+/// `pshufb` each, from a table of the E2M1 values as FP16 high bytes (the low byte is
+/// always zero), and `vcvtph2ps` widens them to FP32: exact, so every lane holds the
+/// E2M1 value and every product `q·x` is exact. Per block: `p = q_even·x_even +
+/// q_odd·x_odd` (8 lanes), then `acc_j += p · s_b` with the block's E4M3 scale `s_b`
+/// (one FMA), four accumulators `acc_j`, `j = b % 4`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `codes` holds `4·groups` blocks, `scale_bytes` at
+/// least `(groups − 1)·512 + 4` bytes, `x` `64·groups` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_nvfp4_t1(
+    codes: &[[u8; 8]],
+    scale_bytes: &[u8],
+    table: &[f32; 256],
+    x: &[[f32; 16]],
+    groups: usize,
+) -> f32 {
+    // E2M1 code → the high byte of the same value in FP16 (sign, 5-bit exponent, the
+    // top 2 mantissa bits): 0, 0.5, 1, 1.5, 2, 3, 4, 6, then their negatives.
+    let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+        0x00,
+        0x38,
+        0x3C,
+        0x3E,
+        0x40,
+        0x42,
+        0x44,
+        0x46,
+        0x80u8 as i8,
+        0xB8u8 as i8,
+        0xBCu8 as i8,
+        0xBEu8 as i8,
+        0xC0u8 as i8,
+        0xC2u8 as i8,
+        0xC4u8 as i8,
+        0xC6u8 as i8,
+    ));
+    let mask = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let c = codes.as_ptr().cast::<u8>();
+    let xp = x.as_ptr().cast::<f32>();
+    for g in 0..groups {
+        // SAFETY (all pointer reads): in bounds by the caller's contract.
+        let v = unsafe { _mm256_loadu_si256(c.add(32 * g).cast()) };
+        let ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
+        let qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+        // FP16 words (byte << 8). 128-bit lane 0 holds blocks 0, 1, lane 1 blocks 2, 3.
+        let e02 = _mm256_unpacklo_epi8(zero, ql);
+        let e13 = _mm256_unpackhi_epi8(zero, ql);
+        let o02 = _mm256_unpacklo_epi8(zero, qh);
+        let o13 = _mm256_unpackhi_epi8(zero, qh);
+        let q = [
+            (_mm256_castsi256_si128(e02), _mm256_castsi256_si128(o02)),
+            (_mm256_castsi256_si128(e13), _mm256_castsi256_si128(o13)),
+            (
+                _mm256_extracti128_si256::<1>(e02),
+                _mm256_extracti128_si256::<1>(o02),
+            ),
+            (
+                _mm256_extracti128_si256::<1>(e13),
+                _mm256_extracti128_si256::<1>(o13),
+            ),
+        ];
+        let sb = unsafe { scale_bytes.as_ptr().add(512 * g) };
+        for (j, (e, o)) in q.into_iter().enumerate() {
+            let (s, x0, x1) = unsafe {
+                let xb = xp.add(64 * g + 16 * j);
+                (
+                    *table.get_unchecked(*sb.add(j) as usize),
+                    _mm256_loadu_ps(xb),
+                    _mm256_loadu_ps(xb.add(8)),
+                )
+            };
+            let p = _mm256_fmadd_ps(
+                _mm256_cvtph_ps(o),
+                x1,
+                _mm256_mul_ps(_mm256_cvtph_ps(e), x0),
+            );
+            acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(s), acc[j]);
+        }
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum(s)
+}
+
+/// The single-token NVFP4 path over rows `row0..row0 + out.len()`, `x` in the split layout.
+fn rows_nvfp4_t1(
+    rows: &WeightRows<'_>,
+    xf: &[f32],
+    k: usize,
+    row0: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let groups = k / 64;
+    let x = xf.as_chunks::<16>().0;
+    if x.len() != 4 * groups {
+        bail!("gemv: x has {} values, expected {k}", xf.len());
+    }
+    let table = e4m3_table();
+    for (r, o) in out.iter_mut().enumerate() {
+        let RowBlocks::Nvfp4 { codes, scale_bytes } = rows.row_blocks(row0 + r, k) else {
+            bail!("gemv: the single-token NVFP4 path got BF16 rows");
+        };
+        if codes.len() != 4 * groups || scale_bytes.len() < (groups - 1) * 512 + 4 {
+            bail!("gemv: NVFP4 row {} is shorter than K = {k}", row0 + r);
+        }
+        // SAFETY: features checked by `single_token_path` (the caller's condition), the
+        // lengths just above.
+        *o = unsafe { row_nvfp4_t1(codes, scale_bytes, table, x, groups) };
+    }
+    Ok(())
+}
+
+/// `e4m3_decode(b)` for every byte.
+fn e4m3_table() -> &'static [f32; 256] {
+    static T: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| std::array::from_fn(|b| crate::nvfp4::e4m3_decode(b as u8)))
+}
+
 /// AVX2 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
 /// `k % 32 == 0`.
 pub(super) fn rows_avx2(
@@ -232,6 +383,9 @@ pub(super) fn rows_avx2(
     }
     if !k.is_multiple_of(32) || xf.len() != m * k {
         bail!("gemv: the AVX2 kernel needs K % 32 == 0 and x of [{m}, {k}]");
+    }
+    if single_token_path(rows, m, k) {
+        return rows_nvfp4_t1(rows, xf, k, row0, out);
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();

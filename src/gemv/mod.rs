@@ -16,6 +16,7 @@ mod cpu;
 mod cpu_avx2;
 #[cfg(target_arch = "x86_64")]
 mod cpu_avx512;
+mod cpu_pool;
 
 pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 
