@@ -344,7 +344,7 @@ fn rows_nvfp4_t1(
 ) -> Result<()> {
     let groups = k / 64;
     let x = xf.as_chunks::<16>().0;
-    if x.len() != 4 * groups {
+    if groups == 0 || x.len() != 4 * groups {
         bail!("gemv: x has {} values, expected {k}", xf.len());
     }
     let table = e4m3_table();
