@@ -3,6 +3,7 @@
 //! group and (sequential mode) puts the quantized weights back into the model so that
 //! every later group is calibrated on the activations the quantized model produces.
 
+use crate::awq::{scale_columns, search_scales, AWQ_ALPHAS};
 use crate::gptq::{gptq_quantize_group, GptqParams, Hessian};
 use crate::llama::{BlockInputs, Site};
 use crate::Llama;
@@ -45,6 +46,24 @@ pub(crate) struct CalibRun<'a> {
     /// Feed each group the activations of the model quantized so far (else: one pass of
     /// the unquantized model gives every Hessian).
     pub sequential: bool,
+    /// AWQ channel scaling ([`crate::awq`]) before GPTQ on q/k/v, gate/up and down
+    /// (sequential mode only).
+    pub awq: bool,
+    /// AWQ: also return the scaled (unquantized) weights.
+    pub keep_scaled: bool,
+}
+
+/// What [`gptq_llama`] produces.
+#[derive(Debug, Default)]
+pub(crate) struct GptqOutput {
+    /// The quantized Linears by module prefix.
+    pub quantized: HashMap<String, Nvfp4Quantized>,
+    /// AWQ: the RMSNorm weights divided by their channel scales (BF16 values), by tensor
+    /// name.
+    pub norms: HashMap<String, Vec<f32>>,
+    /// AWQ with [`CalibRun::keep_scaled`]: the scaled F32 weights `(values, n, k)` by
+    /// module prefix.
+    pub scaled: HashMap<String, (Vec<f32>, usize, usize)>,
 }
 
 /// GPTQ of every group in `groups` (q/k/v, o, gate/up, down of each layer; a group is
@@ -57,7 +76,10 @@ pub(crate) fn gptq_llama(
     groups: &[Vec<String>],
     load: &mut WeightLoader<'_>,
     on_group: &mut dyn FnMut(&[String]),
-) -> Result<HashMap<String, Nvfp4Quantized>> {
+) -> Result<GptqOutput> {
+    if run.awq && !run.sequential {
+        bail!("AWQ scaling needs sequential calibration");
+    }
     let mut by_layer: HashMap<usize, Vec<(Site, &Vec<String>)>> = HashMap::new();
     for g in groups {
         let (i, site) = locate(g)?;
@@ -72,7 +94,8 @@ pub(crate) fn gptq_llama(
         .iter()
         .map(|w| model.calib_embed(w))
         .collect::<Result<_>>()?;
-    let mut out = HashMap::new();
+    let mut res = GptqOutput::default();
+    let out = &mut res.quantized;
     for i in 0..layers {
         let mut jobs = by_layer.remove(&i).unwrap_or_default();
         jobs.sort_by_key(|(s, _)| *s as u8);
@@ -94,14 +117,98 @@ pub(crate) fn gptq_llama(
             }
             continue;
         }
+        let has_down = jobs.iter().any(|(s, _)| *s == Site::Down);
+        // AWQ: down_proj's input scales, folded into up_proj's rows with gate/up.
+        let mut down_scale: Option<Vec<f32>> = None;
         for (site, g) in &jobs {
             let mut h = None;
+            let mut h_down = None;
+            let want_down = run.awq && *site == Site::GateUp && has_down;
             for x in &hidden {
                 let mut cap = BlockInputs::default();
                 model.calib_block(i, x, Some(&mut cap))?;
                 accumulate(&mut h, cap.get(*site))?;
+                if want_down {
+                    accumulate(&mut h_down, cap.get(Site::Down))?;
+                }
             }
-            let qs = quantize(g, h, load, run.params)?;
+            let h = h.context("calibration: no windows")?;
+            let mut ws = load_group(g, load)?;
+            // With AWQ the scaled q/k/v and gate/up see the inputs `x/s`; GPTQ gets their
+            // Hessian `diag(1/s) H diag(1/s)` with the dampening of the unscaled problem
+            // (`λ = damp · mean(diag H)` on `H`, i.e. `λ/s_j²` on the scaled diagonal).
+            // down_proj keeps GPTQ's own dampening of its (scaled) Hessian: the variant
+            // chosen on the tuning split (`docs/accuracy.md`).
+            let mut inv_s: Option<Vec<f64>> = None;
+            let mut h = h;
+            if run.awq {
+                match site {
+                    Site::Qkv | Site::GateUp => {
+                        if let Some(hd) = &h_down {
+                            if let Some(u) = g.iter().position(|p| p.ends_with(".up_proj")) {
+                                let down = format!("model.layers.{i}.mlp.down_proj.weight");
+                                let (_, sd) = search_scales(&[load(&down)?], hd, &AWQ_ALPHAS)
+                                    .with_context(|| format!("AWQ scales of {down}"))?;
+                                let (w, n, k) = &mut ws[u];
+                                if *n != sd.len() {
+                                    bail!(
+                                        "AWQ: up_proj has {n} rows, down_proj {} inputs",
+                                        sd.len()
+                                    );
+                                }
+                                for (row, s) in w.chunks_exact_mut(*k).zip(&sd) {
+                                    row.iter_mut().for_each(|v| *v /= s);
+                                }
+                                down_scale = Some(sd);
+                            }
+                        }
+                        let (_, sc) = search_scales(&ws, &h, &AWQ_ALPHAS)
+                            .with_context(|| format!("AWQ scales of {}", g.join(", ")))?;
+                        for (w, _, k) in ws.iter_mut() {
+                            *w = scale_columns(w, *k, &sc);
+                        }
+                        let norm = model.scale_norm(i, *site, &sc)?;
+                        let name = if *site == Site::Qkv {
+                            "input_layernorm"
+                        } else {
+                            "post_attention_layernorm"
+                        };
+                        res.norms
+                            .insert(format!("model.layers.{i}.{name}.weight"), norm);
+                        let inv: Vec<f64> = sc.iter().map(|v| 1.0 / *v as f64).collect();
+                        h = h.scaled(&inv)?;
+                        inv_s = Some(inv);
+                    }
+                    // The Hessian comes from the model whose up_proj rows already carry
+                    // 1/s: it is the scaled input's.
+                    Site::Down => {
+                        if let Some(sd) = down_scale.take() {
+                            for (w, _, k) in ws.iter_mut() {
+                                *w = scale_columns(w, *k, &sd);
+                            }
+                        }
+                    }
+                    Site::O => {}
+                }
+            }
+            let mut params = run.params.clone();
+            if let Some(inv) = &inv_s {
+                let m = h.matrix()?;
+                let k = h.k();
+                // mean(diag H) of the unscaled inputs: H_jj = H'_jj · s_j².
+                let mean = (0..k)
+                    .map(|j| m[j * k + j] / (inv[j] * inv[j]))
+                    .sum::<f64>()
+                    / k as f64;
+                let lam = params.damp * mean;
+                h.add_diag(&inv.iter().map(|v| lam * v * v).collect::<Vec<_>>());
+                params.damp = 0.0;
+            }
+            let qs = gptq_quantize_group(&ws, &h, None, &params)
+                .with_context(|| format!("GPTQ of {}", g.join(", ")))?;
+            if run.keep_scaled {
+                res.scaled.extend(g.iter().cloned().zip(ws));
+            }
             let dev = model.device().clone();
             let layers = qs
                 .iter()
@@ -115,7 +222,11 @@ pub(crate) fn gptq_llama(
             *x = model.calib_block(i, x, None)?;
         }
     }
-    Ok(out)
+    Ok(res)
+}
+
+fn load_group(g: &[String], load: &mut WeightLoader<'_>) -> Result<Vec<(Vec<f32>, usize, usize)>> {
+    g.iter().map(|p| load(&format!("{p}.weight"))).collect()
 }
 
 fn accumulate(h: &mut Option<Hessian>, x: Option<&Tensor>) -> Result<()> {
@@ -131,9 +242,6 @@ fn quantize(
     params: &GptqParams,
 ) -> Result<Vec<Nvfp4Quantized>> {
     let h = h.context("calibration: no windows")?;
-    let ws = g
-        .iter()
-        .map(|p| load(&format!("{p}.weight")))
-        .collect::<Result<Vec<_>>>()?;
+    let ws = load_group(g, load)?;
     gptq_quantize_group(&ws, &h, None, params).with_context(|| format!("GPTQ of {}", g.join(", ")))
 }

@@ -112,6 +112,31 @@ impl Hessian {
         Ok(())
     }
 
+    /// The Hessian of the inputs `x ∘ d` (each input channel `j` multiplied by `d_j`):
+    /// `diag(d) H diag(d)`.
+    pub fn scaled(&self, d: &[f64]) -> Result<Hessian> {
+        if d.len() != self.k {
+            bail!("Hessian::scaled: {} factors for K = {}", d.len(), self.k);
+        }
+        let k = self.k;
+        let sum = (0..k * k)
+            .map(|idx| self.sum[idx] * d[idx / k] * d[idx % k])
+            .collect();
+        Ok(Self {
+            k,
+            sum,
+            samples: self.samples,
+        })
+    }
+
+    /// Adds `d_j` to the diagonal of `XᵀX / n`.
+    pub fn add_diag(&mut self, d: &[f64]) {
+        let n = self.samples as f64;
+        for (j, v) in d.iter().enumerate() {
+            self.sum[j * self.k + j] += v * n;
+        }
+    }
+
     /// `XᵀX / n`, row-major `[K, K]`.
     pub fn matrix(&self) -> Result<Vec<f64>> {
         if self.samples == 0 {

@@ -10,6 +10,7 @@
 //!   config.json, tokenizer.json built from the GGUF metadata).
 //! * [`tokenizer`], [`sampling`], [`smollm2`]: what the decode binary needs.
 
+pub mod awq;
 mod calib;
 pub mod cli;
 pub mod config;

@@ -514,6 +514,31 @@ impl Llama {
         Ok(y)
     }
 
+    /// Calibration (AWQ): divides the RMSNorm weight in front of `site` (q/k/v: the
+    /// attention norm; gate/up: the MLP norm) of block `i` by `s`, rounded once to BF16
+    /// (the checkpoint's dtype for norms). Returns the new weight's values.
+    pub(crate) fn scale_norm(&mut self, i: usize, site: Site, s: &[f32]) -> Result<Vec<f32>> {
+        let Some(b) = self.blocks.get_mut(i) else {
+            bail!("scale_norm: no block {i}");
+        };
+        let norm = match site {
+            Site::Qkv => &mut b.attn_norm,
+            Site::GateUp => &mut b.mlp_norm,
+            _ => bail!("scale_norm: {site:?} has no norm in front"),
+        };
+        let g = norm.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        if g.len() != s.len() {
+            bail!("scale_norm: {} scales for a norm of {}", s.len(), g.len());
+        }
+        let v: Vec<f32> = g
+            .iter()
+            .zip(s)
+            .map(|(g, s)| half::bf16::from_f32(g / s).to_f32())
+            .collect();
+        *norm = Tensor::from_slice(&v, v.len(), &self.device)?.to_dtype(norm.dtype())?;
+        Ok(v)
+    }
+
     /// Calibration: replaces the Linears of `site` in block `i` by `layers` (q, k, v or
     /// gate, up in that order for the fused sites), keeping their biases.
     pub(crate) fn replace_linears(

@@ -23,7 +23,9 @@
 //! All of the above is the default method, [`QuantMethod::Rtn`]. [`QuantMethod::Gptq`]
 //! picks the codes and block scales with GPTQ ([`crate::gptq`]) calibrated on text run
 //! through the unquantized model instead; everything else (tensors, layouts, global
-//! scales and their sharing, exclusions, json files) is the same.
+//! scales and their sharing, exclusions, json files) is the same. With `awq` it also
+//! rescales input channels ([`crate::awq`]): the RMSNorm weights are written rescaled and
+//! the global scales are those of the scaled weights.
 
 use crate::calib::{gptq_llama, CalibRun};
 use crate::config::LlamaConfig;
@@ -104,6 +106,11 @@ pub enum QuantMethod {
         sequential: bool,
         /// GPTQ settings.
         params: GptqParams,
+        /// AWQ channel scaling ([`crate::awq`]) before GPTQ, folded into the RMSNorm
+        /// weights (written rescaled) and up_proj's rows; needs `sequential`. With
+        /// [`OutputFormat::Bf16`] the AWQ-scaled weights are written unquantized in BF16
+        /// (the quantized model's unquantized equivalent, for checks).
+        awq: bool,
     },
 }
 
@@ -440,15 +447,19 @@ fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
         calib_tokens,
         window,
         params,
-        ..
+        sequential,
+        awq,
     } = &opts.method
     else {
         return Ok(());
     };
-    if opts.format != OutputFormat::Nvfp4 {
+    if opts.format != OutputFormat::Nvfp4 && !awq {
         bail!(
             "GPTQ needs the NVFP4 output format (it chooses NVFP4 codes; a BF16 output has none)"
         );
+    }
+    if *awq && !sequential {
+        bail!("AWQ scaling needs sequential GPTQ calibration (drop --no-sequential)");
     }
     if *calib_tokens < MIN_CALIB_TOKENS {
         bail!("GPTQ needs at least {MIN_CALIB_TOKENS} calibration tokens, {calib_tokens} asked");
@@ -576,8 +587,11 @@ fn quantize_model_from(
         exclude: exclude.clone(),
         ..QuantConfig::unquantized()
     };
+    // `--bf16` with AWQ: the AWQ-scaled weights, unquantized.
+    let awq_reference =
+        format == OutputFormat::Bf16 && matches!(opts.method, QuantMethod::Gptq { awq: true, .. });
     let mut groups: Vec<Vec<String>> = vec![];
-    if format == OutputFormat::Nvfp4 {
+    if format == OutputFormat::Nvfp4 || awq_reference {
         for g in linear_groups(&names) {
             if !g.iter().any(|p| matcher.is_excluded(p)) {
                 groups.push(g);
@@ -620,6 +634,7 @@ fn quantize_model_from(
             window,
             sequential,
             params,
+            awq,
         } => {
             let Source::Hf { dir, .. } = &src else {
                 bail!("GPTQ reads a Hugging Face folder (a GGUF goes through a BF16 copy)");
@@ -640,6 +655,8 @@ fn quantize_model_from(
                 windows: &windows,
                 params,
                 sequential: *sequential,
+                awq: *awq,
+                keep_scaled: awq_reference,
             };
             let mut load = |name: &str| src.matrix_f32(name);
             let qs = gptq_llama(&mut model, &run, &groups, &mut load, &mut |g| {
@@ -655,11 +672,40 @@ fn quantize_model_from(
             Some(qs)
         }
     };
+    let mut norms = HashMap::new();
+    if let Some(o) = gptq.as_mut() {
+        norms = std::mem::take(&mut o.norms);
+    }
     for g in &groups {
+        if awq_reference {
+            let o = gptq.as_mut().context("AWQ reference without calibration")?;
+            for p in g {
+                let (w, n, k) = o
+                    .scaled
+                    .remove(p)
+                    .with_context(|| format!("AWQ skipped `{p}`"))?;
+                let data = w
+                    .iter()
+                    .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                    .collect();
+                let t = OwnedTensor {
+                    dtype: StDtype::BF16,
+                    shape: vec![n, k],
+                    data,
+                };
+                out.push((format!("{p}.weight"), t));
+                summary.kept += 1;
+            }
+            continue;
+        }
         let qs = match gptq.as_mut() {
             Some(m) => g
                 .iter()
-                .map(|p| m.remove(p).with_context(|| format!("GPTQ skipped `{p}`")))
+                .map(|p| {
+                    m.quantized
+                        .remove(p)
+                        .with_context(|| format!("GPTQ skipped `{p}`"))
+                })
                 .collect::<Result<Vec<_>>>()?,
             None => {
                 let ws = g
@@ -686,8 +732,31 @@ fn quantize_model_from(
         if quantized.contains(n) {
             continue;
         }
-        // Kept in its stored dtype (a GGUF source is BF16 throughout).
-        out.push((n.clone(), src.raw(n)?));
+        // Kept in its stored dtype (a GGUF source is BF16 throughout); AWQ's rescaled
+        // norms in that dtype too.
+        let mut t = src.raw(n)?;
+        if let Some(v) = norms.remove(n) {
+            if t.shape.iter().product::<usize>() != v.len() {
+                bail!(
+                    "AWQ: `{n}` has shape {:?}, {} values computed",
+                    t.shape,
+                    v.len()
+                );
+            }
+            t.data = match t.dtype {
+                StDtype::BF16 => v
+                    .iter()
+                    .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                StDtype::F16 => v
+                    .iter()
+                    .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                StDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                d => bail!("AWQ: `{n}` is {d:?}; norms must be BF16, F16 or F32"),
+            };
+        }
+        out.push((n.clone(), t));
         done += 1;
         summary.kept += 1;
         on_progress(Progress {

@@ -267,6 +267,7 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             window: 64,
             sequential,
             params: GptqParams::default(),
+            awq: false,
         },
     }
 }

@@ -12,7 +12,9 @@
 //!
 //! `--method gptq --calib-text FILE --calib-tokens N` replaces ModelOpt's round-to-nearest
 //! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
-//! `candle_fp4_models::gptq`). The default, `--method rtn`, is byte-identical to ModelOpt.
+//! `candle_fp4_models::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded into
+//! the norms and up_proj (`candle_fp4_models::awq`). The default, `--method rtn`, is
+//! byte-identical to ModelOpt.
 
 use anyhow::Result;
 use candle_fp4_models::cli;
@@ -68,6 +70,11 @@ struct Args {
     /// (block-level act-order).
     #[arg(long)]
     act_order: bool,
+    /// GPTQ: activation-aware channel scaling (AWQ) before GPTQ, folded into the norms
+    /// and up_proj (the checkpoint stays standard). With --bf16: write the AWQ-scaled
+    /// weights unquantized (the quantized model's unquantized equivalent).
+    #[arg(long)]
+    awq: bool,
 }
 
 /// `--method`.
@@ -85,6 +92,9 @@ fn run(a: Args) -> Result<()> {
     } else {
         OutputFormat::Nvfp4
     };
+    if a.awq && a.method != Method::Gptq {
+        anyhow::bail!("--awq needs --method gptq");
+    }
     let method = match a.method {
         Method::Rtn => QuantMethod::Rtn,
         Method::Gptq => {
@@ -101,6 +111,7 @@ fn run(a: Args) -> Result<()> {
                     scale_search: a.scale_search,
                     act_order: a.act_order,
                 },
+                awq: a.awq,
             }
         }
     };
