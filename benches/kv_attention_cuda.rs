@@ -207,19 +207,23 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
     let q = Tensor::randn(0f32, 1.0, (batch, Q_HEADS, HEAD_DIM), dev)?.to_dtype(DType::BF16)?;
 
     let fp4_us = graph_us(dev, n_rep, |i| Ok(reps[i].fp4.decode_attention(&q)?))?;
+    // (FP4, BF16 kernel) GPU µs with launch options `opts`.
+    let both_us = |opts: &DecodeOptions| -> Result<(f64, f64)> {
+        let us = graph_us(dev, n_rep, |i| {
+            Ok(reps[i].fp4.decode_attention_with(&q, opts)?)
+        })?;
+        let bf = graph_us(dev, n_rep, |i| {
+            Ok(reps[i].bf16.decode_attention_with(&q, opts)?)
+        })?;
+        Ok((us, bf))
+    };
     // CFP4_KV_BENCH_SPLITS="8,16,33,66": also time forced split counts (heuristic tuning).
     if let Ok(list) = std::env::var("CFP4_KV_BENCH_SPLITS") {
         for sp in list.split(',') {
             let splits: usize = sp.trim().parse()?;
-            let opts = DecodeOptions {
+            let (us, bf) = both_us(&DecodeOptions {
                 splits: Some(splits),
                 ..Default::default()
-            };
-            let us = graph_us(dev, n_rep, |i| {
-                Ok(reps[i].fp4.decode_attention_with(&q, &opts)?)
-            })?;
-            let bf = graph_us(dev, n_rep, |i| {
-                Ok(reps[i].bf16.decode_attention_with(&q, &opts)?)
             })?;
             println!(
                 "ctx {ctx} batch {batch} splits {splits}: fp4 {us:.1} us, bf16 kernel {bf:.1} us"
@@ -230,16 +234,10 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
     // combine kernel) and PDL on / off (the defaults' A/B).
     if std::env::var("CFP4_KV_BENCH_VARIANTS").is_ok() {
         for (fused, pdl) in [(false, false), (false, true), (true, false), (true, true)] {
-            let opts = DecodeOptions {
+            let (us, bf) = both_us(&DecodeOptions {
                 fused_merge: Some(fused),
                 pdl: Some(pdl),
                 ..Default::default()
-            };
-            let us = graph_us(dev, n_rep, |i| {
-                Ok(reps[i].fp4.decode_attention_with(&q, &opts)?)
-            })?;
-            let bf = graph_us(dev, n_rep, |i| {
-                Ok(reps[i].bf16.decode_attention_with(&q, &opts)?)
             })?;
             println!(
                 "ctx {ctx} batch {batch} fused_merge {fused} pdl {pdl}: fp4 {us:.1} us, bf16 kernel {bf:.1} us"

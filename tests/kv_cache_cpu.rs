@@ -301,10 +301,7 @@ fn exact_window_attention_matches_f64() {
                 let q = queries(400 + seed, 3 * q_heads * d);
                 let got = attend(&cache, &q, q_heads);
                 let want = reference_window(&cache, &hist, w, &q, q_heads);
-                let vmax = hist
-                    .iter()
-                    .flat_map(|h| h.1.iter())
-                    .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()));
+                let vmax = max_abs_v(&hist);
                 let (r, i) = worst_ulp_ratio(&got, &want, 1e-5 * vmax);
                 assert!(
                     r <= 1.0,
@@ -360,6 +357,13 @@ fn exact_window_read_back() {
     );
 }
 
+/// max |v| over every appended V value.
+fn max_abs_v(hist: &History) -> f64 {
+    hist.iter()
+        .flat_map(|h| h.1.iter())
+        .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()))
+}
+
 fn queries(seed: u64, n: usize) -> Vec<bf16> {
     gaussian_bf16(&mut StdRng::seed_from_u64(seed), n, 1.0)
 }
@@ -395,10 +399,7 @@ fn attention_matches_f64_on_the_same_kv() {
                 let q = queries(200 + ci as u64, 3 * q_heads * d);
                 let got = attend(&cache, &q, q_heads);
                 let want = reference(&cache, &hist, &q, q_heads, kind == KvCacheKind::UltraQuant);
-                let vmax = hist
-                    .iter()
-                    .flat_map(|h| h.1.iter())
-                    .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()));
+                let vmax = max_abs_v(&hist);
                 let (r, i) = worst_ulp_ratio(&got, &want, 1e-5 * vmax);
                 assert!(
                     r <= 1.0,

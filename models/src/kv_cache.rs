@@ -167,6 +167,19 @@ impl LayerCache {
 mod tests {
     use super::*;
 
+    /// max |a − b| over all elements, in F32.
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        (f(a) - f(b))
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
     #[test]
     fn prefill_reads_back_the_prefix_and_keeps_the_chunk_exact() {
         let dev = Device::Cpu;
@@ -180,18 +193,8 @@ mod tests {
                 .prefill(&k.narrow(1, 2, 2).unwrap(), &v.narrow(1, 2, 2).unwrap())
                 .unwrap();
             assert_eq!((ka.dims(), c.len()), (&[1, 4, 64][..], 4));
-            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-            let exact = f(&v.to_dtype(DType::BF16).unwrap());
-            let d = |a: &Tensor, b: &Tensor| {
-                (f(a) - f(b))
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap()
-            };
+            let exact = v.to_dtype(DType::BF16).unwrap();
+            let d = max_diff;
             // The chunk's own rows are exact; the prefix is exact only for BF16.
             assert_eq!(
                 d(
@@ -228,17 +231,12 @@ mod tests {
         let (_, va) = c
             .prefill(&k.narrow(1, 2, 2).unwrap(), &v.narrow(1, 2, 2).unwrap())
             .unwrap();
-        let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-        let exact = f(&v.to_dtype(DType::BF16).unwrap());
+        let exact = v.to_dtype(DType::BF16).unwrap();
         let err = |i: usize| {
-            (f(&va.narrow(1, i, 1).unwrap()) - exact.narrow(1, i, 1).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
+            max_diff(
+                &va.narrow(1, i, 1).unwrap(),
+                &exact.narrow(1, i, 1).unwrap(),
+            )
         };
         // Token 1 is the window (exact), token 0 comes from its FP4 slot.
         assert!(err(0) > 0.0);

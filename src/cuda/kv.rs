@@ -11,7 +11,7 @@ use crate::kv_cache::{cuda_head_dims, CacheShape, KvCacheKind, SLOT_PADDING};
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
 };
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Shape, Storage};
 use half::bf16;
@@ -241,6 +241,37 @@ fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize
     target.min(by_len).clamp(1, MAX_SPLITS)
 }
 
+/// Launches attention kernel `f` on BF16 K and V held as `s[a..a + half]` and
+/// `s[a + half..a + 2·half]` (`what` names them in errors), keeping both pointers' stream
+/// guards alive across the launch.
+///
+/// # Safety
+/// As [`launch`]: `params` must be valid for `f` apart from its `k` and `v`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_bf16_kv(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    s: &CudaSlice<bf16>,
+    a: usize,
+    half: usize,
+    f: &CudaFunction,
+    l: Launch,
+    params: KvAttnParams,
+) -> Result<()> {
+    let (ks, vs) = (s.slice(a..a + half), s.slice(a + half..a + 2 * half));
+    let (kp, _gk) = ks.device_ptr(stream);
+    let (vp, _gv) = vs.device_ptr(stream);
+    if !kp.is_multiple_of(16) || !vp.is_multiple_of(16) {
+        bail!("decode attention (cuda): the {what} must be 16-byte aligned in device memory")
+    }
+    let p = KvAttnParams {
+        k: kp,
+        v: vp,
+        ..params
+    };
+    launch(stream, f, l, &p)
+}
+
 /// One attention kernel with its warps per CTA and dynamic shared memory.
 struct AttnKernel {
     f: CudaFunction,
@@ -435,22 +466,15 @@ pub(crate) fn kv_attention_cuda(
                 2 * half
             )
         }
-        let ring = rs.as_cuda_slice::<bf16>()?;
-        let (ks, vs) = (ring.slice(a..a + half), ring.slice(a + half..b));
-        let (kp, _gk) = ks.device_ptr(&stream);
-        let (vp, _gv) = vs.device_ptr(&stream);
-        if !kp.is_multiple_of(16) || !vp.is_multiple_of(16) {
-            bail!("{OP}: the exact window ring must be 16-byte aligned in device memory")
-        }
         let p = KvAttnParams {
-            k: kp,
-            v: vp,
             capacity: w as i32,
             splits: ring_splits as i32,
             split_base: 0,
             ..params
         };
-        unsafe { launch(&stream, &rk.f, rk.launch(grid(ring_splits), pdl), &p)? };
+        let ring = rs.as_cuda_slice::<bf16>()?;
+        let l = rk.launch(grid(ring_splits), pdl);
+        unsafe { launch_bf16_kv(&stream, "exact window ring", ring, a, half, &rk.f, l, p)? };
     }
     if fp4 {
         let (a, b) = check_slots(OP, &sh, lkv)?;
@@ -473,18 +497,8 @@ pub(crate) fn kv_attention_cuda(
             )
         }
         let s = kv.as_cuda_slice::<bf16>()?;
-        let (ks, vs) = (s.slice(a..a + half), s.slice(a + half..b));
-        let (kp, _gk) = ks.device_ptr(&stream);
-        let (vp, _gv) = vs.device_ptr(&stream);
-        if !kp.is_multiple_of(16) || !vp.is_multiple_of(16) {
-            bail!("{OP}: the BF16 cache must be 16-byte aligned in device memory")
-        }
-        let p = KvAttnParams {
-            k: kp,
-            v: vp,
-            ..params
-        };
-        unsafe { launch(&stream, &main.f, main.launch(grid(splits), pdl), &p)? };
+        let l = main.launch(grid(splits), pdl);
+        unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params)? };
     }
     if let (Some(sc), false) = (scratch, fused) {
         let fc = loaded.function("cfp4_kv_combine")?.0;
