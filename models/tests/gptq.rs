@@ -268,6 +268,7 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             sequential,
             params: GptqParams::default(),
             awq: false,
+            awq_vo: false,
         },
     }
 }
