@@ -34,7 +34,7 @@
 //   O^T[16 d x 8] += V^T[16 d x 16 tok] . P[16 tok x 8], P likewise split into hi + lo.
 // K and V codes go into the MMA as raw bits: nibble s e1 e0 m -> bf16 bits s 0000000e1 e0m000000
 // = e2m1 * 2^-126 exactly (a bf16 subnormal for +-0.5; mma.sync keeps subnormal inputs and
-// products, checked on the H200), 4 integer ops per pair of codes and no multiply. The UE8M0
+// products, checked on the H200), 3.25 integer ops per pair of codes (e2m1_raw_pairs). The UE8M0
 // scales (exact powers of 2) never touch the codes:
 //   K: each k-step pair lies in one 32-value scale group, so S is summed per group in FP32 and
 //      each group sum is multiplied by its scale (2^(byte-127), byte 0 -> 0);
@@ -43,7 +43,7 @@
 // q and P carry 2^64 (so products stay far from the FP32 subnormal range), hence S and O are
 // 2^-62 times the true values; sl and the output fold the 2^62 back. Supported range: |q| <
 // 2^63, V scales 2^-64 <= s <= 2^63 (beyond: V flushed / saturated); any K scale. Online
-// softmax in the log2 domain (exp2f), FP32. The warps of a CTA merge their (max, sum, O) in
+// softmax in the log2 domain (ex2.approx.ftz), FP32. The warps of a CTA merge their (max, sum, O) in
 // shared memory; with splits > 1 the CTA writes an unnormalized partial and cfp4_kv_combine
 // merges the splits.
 // k-order freedom: inside one MMA the k index may be permuted as long as A and B agree; the
@@ -267,6 +267,33 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t 
     const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
 }
+// x, opaque to the compiler: a loop-invariant it can no longer rematerialize inside the
+// loop from the thread index (it did, at 40 instructions per iteration).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+__device__ __forceinline__ const uint8_t* opaque(const uint8_t* x) {
+    asm volatile("" : "+l"(x));
+    return x;
+}
+
+// lo | hi << 16 for 16-bit lo, hi, as one multiply-add: on the FMA pipe instead of the
+// logic pipe (a PRMT), which the E2M1 decode keeps busier.
+__device__ __forceinline__ uint32_t pack_u16(uint32_t lo, uint32_t hi) {
+    uint32_t d;
+    asm("mad.lo.u32 %0, %1, 0x10000, %2;" : "=r"(d) : "r"(hi), "r"(lo));
+    return d;
+}
+
+// 2^x with subnormal results flushed to 0 (one MUFU.EX2, without exp2f's subnormal
+// fix-up): softmax weights below 2^-126 of the running max (2^-190 with the 2^64 bias)
+// do not matter. 2^-inf = 0.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -403,40 +430,52 @@ __device__ __forceinline__ void load_tile(uint8_t* buf, const uint8_t* kb, const
     }
 }
 
-// UltraQuant: the chunks lane copies of every full tile, as byte offsets from the tile's
-// first slot (src) and from the stage buffer (dst), computed once per kernel.
+// UltraQuant full-stage copy, the chunks of load_tile (the aligned 16-byte chunks that
+// cover each slot) with every address precomputed per lane:
+//   main part: chunks 0 .. LPR - 1 of every row (LPR = the largest power of 2 <= CH), lane
+//     (r, k) = (lane / LPR, lane % LPR) copying chunk k of rows RPI * m + r, m = 0 .. LPR - 1
+//     (RPI = 32 / LPR rows per instruction, each row LPR * 16 contiguous bytes);
+//   rest: chunks LPR .. CH - 1 (one at every D), lane = row.
+// Row i's slot starts (its address & 15) bytes into its smem row. That offset is the same in
+// every stage of a warp (stages are 32 * NW * kv_heads slots apart: a multiple of 16 bytes,
+// since 32 * SLOT is) and for rows RPI (and 8) apart (RPI * SLOT and 8 * SLOT are multiples of 16).
 template <bool FP4, int D, int NT>
-struct TileChunks {
+struct StageCopy {
     using C = Cfg<FP4, D, NT>;
-    static constexpr int ROWS = 16 * C::TPI;                 // token rows per stage
-    static constexpr int NC = (ROWS * C::CH + 31) / 32;      // chunks per lane (the last maybe none)
-    static constexpr int LAST = ROWS * C::CH - 32 * (NC - 1);  // lanes with a chunk in the last round
-    uint32_t src[NC], dst[NC];
-    __device__ __forceinline__ TileChunks(int kv_heads, int lane) {
-#pragma unroll
-        for (int j = 0; j < NC; ++j) {
-            const int c = min(lane + 32 * j, ROWS * C::CH - 1);
-            const int i = c / C::CH, k = c - i * C::CH;
-            src[j] = uint32_t(i * kv_heads * C::SLOT + 16 * k);
-            dst[j] = uint32_t(i * C::SROW + 16 * k);
-        }
+    static_assert(16 * C::TPI == 32, "StageCopy assumes 32-token stages");
+    static constexpr int LPR = C::CH >= 16 ? 16 : C::CH >= 8 ? 8 : 4;
+    static constexpr int RPI = 32 / LPR;
+    static_assert(C::CH - LPR == 1 && (RPI * C::SLOT) % 16 == 0 && (8 * C::SLOT) % 16 == 0, "chunk plan");
+    int32_t src_main;  // row r's chunk k (aligned), from the stage's first slot
+    int32_t src_rest;  // row lane's chunk LPR (aligned)
+    uint32_t stride;   // bytes from row i to row i + RPI
+    uint32_t dst_main;  // r * SROW + 16 k
+    // first0: the first slot of any stage of this warp (only its address is used).
+    __device__ __forceinline__ StageCopy(const uint8_t* first0, int kv_heads, int lane) {
+        const uint32_t rowb = uint32_t(kv_heads * C::SLOT);
+        const uint32_t a0 = uint32_t(reinterpret_cast<uintptr_t>(first0));
+        const int r = lane / LPR, k = lane % LPR;
+        const uint32_t mis_r = (a0 + uint32_t(r) * rowb) & 15u;
+        const uint32_t mis_l = (a0 + uint32_t(lane) * rowb) & 15u;
+        src_main = int32_t(opaque(uint32_t(r) * rowb - mis_r + 16u * uint32_t(k)));
+        src_rest = int32_t(opaque(uint32_t(lane) * rowb - mis_l + 16u * LPR));
+        stride = opaque(uint32_t(RPI) * rowb);
+        dst_main = opaque(uint32_t(r * C::SROW + 16 * k));
     }
-    // A full stage (all ROWS tokens valid) whose first slot is at `first`.
+    // A full stage (all 32 tokens valid) whose first slot is at `first`.
     __device__ __forceinline__ void load(uint8_t* buf, const uint8_t* first, int lane) const {
+        const uint8_t* s = first + src_main;
+        uint8_t* d = buf + dst_main;
 #pragma unroll
-        for (int j = 0; j < NC; ++j) {
-            if (j < NC - 1 || lane < LAST) {
-                const uintptr_t a = (reinterpret_cast<uintptr_t>(first) + src[j]) & ~uintptr_t(15);
-                cp_async16(buf + dst[j], reinterpret_cast<const uint8_t*>(a), 16u);
-            }
-        }
+        for (int m = 0; m < LPR; ++m) cp_async16(d + m * RPI * C::SROW, s + size_t(m) * stride, 16u);
+        cp_async16(buf + lane * C::SROW + 16 * LPR, first + src_rest, 16u);
     }
 };
 
-// BF16 caches copy plain rows (load_tile): no per-lane chunk table.
+// BF16 caches copy plain rows (load_tile).
 template <int D, int NT>
-struct TileChunks<false, D, NT> {
-    __device__ __forceinline__ TileChunks(int, int) {}
+struct StageCopy<false, D, NT> {
+    __device__ __forceinline__ StageCopy(const uint8_t*, int, int) {}
 };
 
 // Merge of the `splits` partials of heads qh0 .. qh0 + nh - 1 (global q-head index incl.
@@ -508,13 +547,16 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
     uint8_t* stages = smem + warp * C::NSTAGE * C::STAGE;
-    const TileChunks<FP4, D, NT> chunks(p.kv_heads, lane);
+    // This warp's first slot; later stages are `step` bytes apart (UltraQuant).
+    const uint8_t* first0 = opaque(kb + (row0 + size_t(t0 + TT * warp) * p.kv_heads) * C::SLOT);
+    const size_t step = size_t(TT) * C::NW * p.kv_heads * C::SLOT;
+    const StageCopy<FP4, D, NT> copy(first0, p.kv_heads, lane);
     // cp.async of this warp's stage `it` into stage buffer `buf`.
     auto issue = [&](uint8_t* buf, int it) {
         const int tb = t0 + TT * (warp + it * C::NW);
         if constexpr (FP4) {
             if (tb + TT <= t1) {
-                chunks.load(buf, kb + (row0 + size_t(tb) * p.kv_heads) * C::SLOT, lane);
+                copy.load(buf, first0 + size_t(it) * step, lane);
                 return;
             }
         }
@@ -575,8 +617,9 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
     }
-    // Scores in the log2 domain.
+    // Scores in the log2 domain; P (and so l) carries 2^pbias: 2^64 for UltraQuant.
     const float sl = FP4 ? p.scale_log2 * 0x1p62f : p.scale_log2;
+    const float pbias = FP4 ? 64.f : 0.f;
 
     float o[C::MT][NT][4];
     float m[NT], l[NT];
@@ -587,6 +630,19 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
 #pragma unroll
         for (int i = 0; i < C::MT; ++i) o[i][nt][0] = o[i][nt][1] = o[i][nt][2] = o[i][nt][3] = 0.f;
     }
+
+    // Shared-memory offsets of the stage rows this thread reads (slot offset within the row
+    // included; the same in every stage, see StageCopy): rows g, 2t and 2t + 1 (their + 8,
+    // + 16 and + 24 rows have the same slot offsets).
+    auto row_off = [&](int i) -> uint32_t {
+        if constexpr (FP4) {
+            const uint32_t a = uint32_t(reinterpret_cast<uintptr_t>(first0)) + uint32_t(i * p.kv_heads * C::SLOT);
+            return uint32_t(i * C::SROW) + (a & 15u);
+        } else {
+            return uint32_t(i * C::SROW);
+        }
+    };
+    const uint32_t off_g = opaque(row_off(g)), off_a = opaque(row_off(2 * t)), off_b = opaque(row_off(2 * t + 1));
 
 #pragma unroll 1
     for (int it = 0; it < cnt; ++it) {
@@ -599,14 +655,10 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         __syncwarp();
         const uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
         const int tb0 = t0 + TT * (warp + it * C::NW);
-        auto rowp = [&](int i) -> const uint8_t* {
-            if constexpr (FP4) {
-                const uint32_t idx = uint32_t(row0 + size_t(tb0 + i) * p.kv_heads);
-                return buf + i * C::SROW + ((idx * uint32_t(C::SLOT)) & 15u);
-            } else {
-                return buf + i * C::SROW;
-            }
-        };
+        const bool full = tb0 + TT <= t1;  // warp-uniform: no token of the stage is masked
+        const uint8_t* bg = buf + off_g;  // rows g (+ 8, + 16, + 24)
+        const uint8_t* ba = buf + off_a;  // rows 2t (+ 8, + 16, + 24)
+        const uint8_t* bb = buf + off_b;  // rows 2t + 1 (+ 8, + 16, + 24)
 
         // ---- S = K . Q per tile e (rows: tokens 16e + g, 16e + g + 8)
         float sa_[C::TPI][NT][4];
@@ -615,8 +667,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             float (&s)[NT][4] = sa_[e];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-            const uint8_t* rg = rowp(16 * e + g);
-            const uint8_t* rg8 = rowp(16 * e + g + 8);
+            const uint8_t* rg = bg + 16 * e * C::SROW;
+            const uint8_t* rg8 = bg + (16 * e + 8) * C::SROW;
             if constexpr (FP4) {
                 // Thread t reads K-code words t + 4w (group w); word -> 2 k-steps, summed per
                 // group in FP32 and then scaled by the group's UE8M0 scale (exact power of 2).
@@ -630,8 +682,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
                     uint32_t a0[4], a1[4];
-                    e2m1_raw_pairs(lds32<4>(rg + 4 * (t + 4 * w)), a0);
-                    e2m1_raw_pairs(lds32<4>(rg8 + 4 * (t + 4 * w)), a1);
+                    e2m1_raw_pairs<true>(lds32<4>(rg + 4 * (t + 4 * w)), a0);
+                    e2m1_raw_pairs<true>(lds32<4>(rg8 + 4 * (t + 4 * w)), a1);
 #pragma unroll
                     for (int kl = 0; kl < 2; ++kl) {
                         const uint32_t a[4] = {a0[2 * kl], a1[2 * kl], a0[2 * kl + 1], a1[2 * kl + 1]};
@@ -665,32 +717,38 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         float alpha[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
+            // x: S in the scaled domain (score * log2(e) / sqrt(D) = x * sl), token tb + g (and
+            // + 8), head 4nt + t.
             float x[C::TPI][2];
             float mx = neg_inf();
 #pragma unroll
             for (int e = 0; e < C::TPI; ++e) {
-                const int tb = tb0 + 16 * e;
-                x[e][0] = (sa_[e][nt][0] + sa_[e][nt][1]) * sl;  // token tb + g, head 4nt + t
-                x[e][1] = (sa_[e][nt][2] + sa_[e][nt][3]) * sl;  // token tb + g + 8
-                if (tb + g >= t1) x[e][0] = neg_inf();
-                if (tb + g + 8 >= t1) x[e][1] = neg_inf();
+                x[e][0] = sa_[e][nt][0] + sa_[e][nt][1];
+                x[e][1] = sa_[e][nt][2] + sa_[e][nt][3];
+                if (!full) {
+                    const int tb = tb0 + 16 * e;
+                    if (tb + g >= t1) x[e][0] = neg_inf();
+                    if (tb + g + 8 >= t1) x[e][1] = neg_inf();
+                }
                 mx = fmaxf(mx, fmaxf(x[e][0], x[e][1]));
             }
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 16));
-            const float mn = fmaxf(m[nt], mx);  // finite: a stage has >= 1 token
-            alpha[nt] = exp2f(m[nt] - mn);
+            // sl > 0, so the max commutes with the scale; finite: a stage has >= 1 token.
+            const float mn = fmaxf(m[nt], mx * sl);
+            alpha[nt] = ex2_ftz(m[nt] - mn);
             rescale |= alpha[nt] != 1.f;
+            const float mb = mn - pbias;  // P carries 2^pbias
             float lsum = 0.f;
             const int src = 8 * t + (g >> 1);
             const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
 #pragma unroll
             for (int e = 0; e < C::TPI; ++e) {
-                const float p0 = exp2f(x[e][0] - mn), p1 = exp2f(x[e][1] - mn);
+                const float p0 = ex2_ftz(fmaf(x[e][0], sl, -mb)), p1 = ex2_ftz(fmaf(x[e][1], sl, -mb));
                 lsum += p0 + p1;
-                const uint32_t k0 = split_part(p0 * qbias, false) | (split_part(p0 * qbias, true) << 16);
-                const uint32_t k1 = split_part(p1 * qbias, false) | (split_part(p1 * qbias, true) << 16);
+                const uint32_t k0 = split_part(p0, false) | (split_part(p0, true) << 16);
+                const uint32_t k1 = split_part(p1, false) | (split_part(p1, true) << 16);
                 // B fragment of thread (g, t): tokens 2t, 2t+1 (and +8) of column g.
                 const uint32_t x0a = __shfl_sync(FULL, k0, src), x0b = __shfl_sync(FULL, k0, src + 4);
                 const uint32_t x1a = __shfl_sync(FULL, k1, src), x1b = __shfl_sync(FULL, k1, src + 4);
@@ -712,10 +770,10 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         // ---- O^T += V^T . P (rows: d; A pairs = two tokens of one d)
 #pragma unroll
         for (int e = 0; e < C::TPI; ++e) {
-            const uint8_t* ra = rowp(16 * e + 2 * t);
-            const uint8_t* rb = rowp(16 * e + 2 * t + 1);
-            const uint8_t* rc = rowp(16 * e + 2 * t + 8);
-            const uint8_t* rd = rowp(16 * e + 2 * t + 9);
+            const uint8_t* ra = ba + 16 * e * C::SROW;
+            const uint8_t* rb = bb + 16 * e * C::SROW;
+            const uint8_t* rc = ba + (16 * e + 8) * C::SROW;
+            const uint8_t* rd = bb + (16 * e + 8) * C::SROW;
             if constexpr (FP4) {
                 // Group j: thread g reads the codes of d = 32j + 4g .. +3 (16 bits) of its four
                 // tokens; m-tiles 2j, 2j + 1 (see vd). The V scale of (token, group) is
@@ -734,8 +792,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                     const uint32_t hc = *reinterpret_cast<const uint16_t*>(rc + wo);
                     const uint32_t hd = *reinterpret_cast<const uint16_t*>(rd + wo);
                     uint32_t ab[4], cd[4];  // [r] = (token a/c, token b/d) at d = 32j + 4g + r
-                    e2m1_raw_pairs(ha | (hb << 16), ab);
-                    e2m1_raw_pairs(hc | (hd << 16), cd);
+                    e2m1_raw_pairs<true>(pack_u16(ha, hb), ab);
+                    e2m1_raw_pairs<true>(pack_u16(hc, hd), cd);
                     const uint32_t fab = scale_pair_bf16<G>(sa, sb, j), fcd = scale_pair_bf16<G>(sc, sd, j);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
@@ -773,7 +831,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     float* red_l = red_m + C::NW * C::HC;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        float lt = l[nt];
+        float lt = l[nt] * (FP4 ? 0x1p-64f : 1.f);  // drop P's 2^pbias (exact)
         lt += __shfl_xor_sync(FULL, lt, 4);
         lt += __shfl_xor_sync(FULL, lt, 8);
         lt += __shfl_xor_sync(FULL, lt, 16);
