@@ -450,13 +450,16 @@ struct StageCopy {
     int32_t src_rest;  // row lane's chunk LPR (aligned)
     uint32_t stride;   // bytes from row i to row i + RPI
     uint32_t dst_main;  // r * SROW + 16 k
-    // first0: the first slot of any stage of this warp (only its address is used).
+    // Offset of row i's slot within its 16-byte chunk (the same in every stage); first0:
+    // the first slot of any stage of this warp (only its address is used).
+    static __device__ __forceinline__ uint32_t slot_mis(const uint8_t* first0, int i, int kv_heads) {
+        return (uint32_t(reinterpret_cast<uintptr_t>(first0)) + uint32_t(i * kv_heads * C::SLOT)) & 15u;
+    }
     __device__ __forceinline__ StageCopy(const uint8_t* first0, int kv_heads, int lane) {
         const uint32_t rowb = uint32_t(kv_heads * C::SLOT);
-        const uint32_t a0 = uint32_t(reinterpret_cast<uintptr_t>(first0));
         const int r = lane / LPR, k = lane % LPR;
-        const uint32_t mis_r = (a0 + uint32_t(r) * rowb) & 15u;
-        const uint32_t mis_l = (a0 + uint32_t(lane) * rowb) & 15u;
+        const uint32_t mis_r = slot_mis(first0, r, kv_heads);
+        const uint32_t mis_l = slot_mis(first0, lane, kv_heads);
         src_main = int32_t(opaque(uint32_t(r) * rowb - mis_r + 16u * uint32_t(k)));
         src_rest = int32_t(opaque(uint32_t(lane) * rowb - mis_l + 16u * LPR));
         stride = opaque(uint32_t(RPI) * rowb);
@@ -636,8 +639,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     // + 16 and + 24 rows have the same slot offsets).
     auto row_off = [&](int i) -> uint32_t {
         if constexpr (FP4) {
-            const uint32_t a = uint32_t(reinterpret_cast<uintptr_t>(first0)) + uint32_t(i * p.kv_heads * C::SLOT);
-            return uint32_t(i * C::SROW) + (a & 15u);
+            return uint32_t(i * C::SROW) + StageCopy<FP4, D, NT>::slot_mis(first0, i, p.kv_heads);
         } else {
             return uint32_t(i * C::SROW);
         }
