@@ -269,6 +269,7 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             params: GptqParams::default(),
             awq: false,
             awq_vo: false,
+            asym: false,
         },
     }
 }

@@ -14,7 +14,9 @@
 //! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
 //! `candle_fp4_models::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded into
 //! the norms and up_proj (`candle_fp4_models::awq`); `--awq-vo` also scales o_proj's
-//! inputs, folded into v_proj. The default, `--method rtn`, is
+//! inputs, folded into v_proj. `--asym` (asymmetric calibration, GPTAQ) fits each layer
+//! to the unquantized model's outputs from the partly quantized model's inputs (off by
+//! default: it did not help SmolLM2, `docs/accuracy.md`). The default, `--method rtn`, is
 //! byte-identical to ModelOpt.
 
 use anyhow::Result;
@@ -80,6 +82,12 @@ struct Args {
     /// dimension), folded into v_proj's rows. Off by default (no gain on SmolLM2).
     #[arg(long)]
     awq_vo: bool,
+    /// GPTQ: asymmetric calibration (GPTAQ): fit each layer to reproduce the unquantized
+    /// model's output from the partly quantized model's input (runs a second, unquantized
+    /// copy of the model alongside). Needs sequential calibration. Off by default: worse
+    /// on both SmolLM2 tuning folds (docs/accuracy.md).
+    #[arg(long)]
+    asym: bool,
 }
 
 /// `--method`.
@@ -99,6 +107,9 @@ fn run(a: Args) -> Result<()> {
     };
     if a.awq && a.method != Method::Gptq {
         anyhow::bail!("--awq needs --method gptq");
+    }
+    if a.asym && a.method != Method::Gptq {
+        anyhow::bail!("--asym needs --method gptq");
     }
     if a.awq_vo && !a.awq {
         anyhow::bail!("--awq-vo needs --awq");
@@ -121,6 +132,7 @@ fn run(a: Args) -> Result<()> {
                 },
                 awq: a.awq,
                 awq_vo: a.awq_vo,
+                asym: a.asym,
             }
         }
     };
