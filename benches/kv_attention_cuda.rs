@@ -244,6 +244,22 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
             );
         }
     }
+    // CFP4_KV_BENCH_RING=1 (with CFP4_KV_BENCH_WINDOW): the exact window's ring kernel
+    // before / after the UltraQuant kernel.
+    if std::env::var("CFP4_KV_BENCH_RING").is_ok() {
+        for ring_first in [true, false] {
+            let us = graph_us(dev, n_rep, |i| {
+                Ok(reps[i].fp4.decode_attention_with(
+                    &q,
+                    &DecodeOptions {
+                        ring_first: Some(ring_first),
+                        ..Default::default()
+                    },
+                )?)
+            })?;
+            println!("ctx {ctx} batch {batch} ring_first {ring_first}: fp4 {us:.1} us");
+        }
+    }
     let bf16k_us = graph_us(dev, n_rep, |i| Ok(reps[i].bf16.decode_attention(&q)?))?;
     let candle_us = graph_us(dev, n_rep, |i| candle_attention(&q, &reps[i], batch))?;
     let fp4_eager_us = eager_us(dev, || Ok(reps[0].fp4.decode_attention(&q)?))?;

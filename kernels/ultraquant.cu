@@ -531,7 +531,12 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     using C = Cfg<FP4, D, NT>;
     extern __shared__ __align__(16) uint8_t smem[];
     if (dynamic_smem_size() < uint32_t(C::SMEM) || p.head_dim != D || blockDim.x != C::THREADS) __trap();
-    griddep_wait();  // q, lens and the newest slots come from the previous kernels
+    // q, lens and the newest slots come from the previous kernels. A late_wait launch (the
+    // exact window's ring, queued after the UltraQuant launch of the same call) overlaps the
+    // launch before it: it starts once every CTA of that launch is running, i.e. past its
+    // griddep_wait, so everything the ring reads is complete; it waits for that launch only
+    // before exiting (the kernel wrapper), so that its own dependents see both.
+    if (!p.late_wait) griddep_wait();
     griddep_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x;
@@ -917,6 +922,7 @@ CFP4_UQ_FORMAT(256)
     extern "C" __global__ void __launch_bounds__(Cfg<FP4, D, NT>::THREADS, Cfg<FP4, D, NT>::MINB)           \
         cfp4_kv_attn_##TAG##_d##D##_nt##NT(const __grid_constant__ KvAttnParams p) {                    \
         attn_body<FP4, D, NT>(p);                                                                       \
+        if (p.late_wait) griddep_wait();                                                                \
     }
 
 CFP4_KV_ATTN(true, uq, 64, 1)

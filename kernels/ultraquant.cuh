@@ -44,7 +44,8 @@ struct UqReadParams {
 // one per grid (y, z), zero before the first launch; the last CTA resets its counter).
 // Exact window (win > 0): the UltraQuant launch attends over tokens 0 .. len - win, and a
 // BF16 launch over a ring of `win` rows (capacity = win) holding the last min(len, win)
-// tokens unrotated; both write partials of the same merge.
+// tokens unrotated; both write partials of the same merge. The ring launch may come second
+// and overlap the UltraQuant one under PDL (late_wait).
 struct KvAttnParams {
     const void* q;           // offset  0: bf16 [batch][q_heads][head_dim]
     const void* k;           // offset  8: UltraQuant slots, or BF16 K [batch][capacity][kv_heads][head_dim]
@@ -64,7 +65,11 @@ struct KvAttnParams {
     uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null
     int split_base;          // offset 96: first partial index written by this launch
     int part_splits;         // offset 100: partials per head over all launches
-};                           // size 104
+    int late_wait;           // offset 104: 1 = this launch reads nothing the launch before it
+                             //   writes (the exact window's ring after the UltraQuant launch):
+                             //   no griddep_wait at the start, one before exiting
+    int _pad;                // offset 108
+};                           // size 112
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
 // w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).

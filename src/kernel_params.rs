@@ -87,6 +87,8 @@ pub(crate) struct KvAttnParams {
     pub counters: u64,
     pub split_base: i32,
     pub part_splits: i32,
+    pub late_wait: i32,
+    pub pad: i32,
 }
 
 /// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
@@ -195,7 +197,9 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, counters), 88);
         assert_eq!(offset_of!(KvAttnParams, split_base), 96);
         assert_eq!(offset_of!(KvAttnParams, part_splits), 100);
-        assert_eq!(size_of::<KvAttnParams>(), 104);
+        assert_eq!(offset_of!(KvAttnParams, late_wait), 104);
+        assert_eq!(offset_of!(KvAttnParams, pad), 108);
+        assert_eq!(size_of::<KvAttnParams>(), 112);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);
         assert_eq!(offset_of!(KvCombineParams, part_ml), 8);

@@ -175,6 +175,13 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         splits,
         fused_merge,
         pdl,
+        ring_first: None,
+    };
+    // The exact window's ring before and after the UltraQuant launch (without a window the
+    // option changes nothing).
+    let ring = |ring_first, fused_merge, pdl| DecodeOptions {
+        ring_first: Some(ring_first),
+        ..opt(None, fused_merge, pdl)
     };
     // Heuristic and forced splits (1000: mostly empty ranges), the merge in the attention
     // kernel (default) or in the combine kernel, PDL on and off.
@@ -187,6 +194,10 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         opt(None, Some(false), None),
         opt(Some(3), Some(false), Some(false)),
         opt(Some(64), Some(true), Some(false)),
+        ring(true, None, None),
+        ring(false, None, None),
+        ring(false, Some(false), None),
+        ring(false, None, Some(false)),
     ] {
         let out = g.decode_attention_with(&qg, &o).unwrap();
         assert_eq!(out.dims(), &dims[..]);

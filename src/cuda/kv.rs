@@ -7,7 +7,7 @@ use super::scratch::kv_scratch;
 use crate::gemv::KernelImage;
 use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
 use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
-use crate::kv_cache::{cuda_head_dims, CacheShape, KvCacheKind, SLOT_PADDING};
+use crate::kv_cache::{cuda_head_dims, ring_first_default, CacheShape, KvCacheKind, SLOT_PADDING};
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -34,6 +34,7 @@ const MAX_SPLITS: usize = 1024;
 fn fused_merge_default(fp4: bool) -> bool {
     fp4
 }
+
 /// Threads of the store / read kernels (one warp per (token, head)).
 const FORMAT_THREADS: u32 = 256;
 
@@ -343,8 +344,8 @@ pub(crate) fn kv_attention_cuda(
     let stream = dev.cuda_stream();
     let loaded = loaded(&dev)?;
     let main = AttnKernel::get(&loaded, &stream, fp4, d, nt)?;
-    // Exact window: the BF16 kernel over the ring, then the UltraQuant kernel over the
-    // older tokens, both writing partials of one merge.
+    // Exact window: the UltraQuant kernel over the older tokens, then the BF16 kernel over
+    // the ring, both writing partials of one merge.
     let win = match (&op.window, fp4) {
         (Some(w), true) => Some(w),
         _ => None,
@@ -390,6 +391,32 @@ pub(crate) fn kv_attention_cuda(
         bail!("{OP}: {total} splits exceed {MAX_SPLITS}")
     }
 
+    // The exact window's ring, checked before anything is launched (a launch that fails
+    // halfway would leave the merge counters of the fused merge counting).
+    let ring_storage = win.map(|wd| wd.ring.storage_and_layout());
+    let ring_args = match &ring_storage {
+        Some((st, l)) => {
+            let Storage::Cuda(rs) = &**st else {
+                bail!("{OP}: the exact window ring is not on the GPU")
+            };
+            let (a, b) = range(OP, "exact window ring", l)?;
+            let half = sh.batch * w * sh.kv_heads * d;
+            if b - a != 2 * half {
+                bail!(
+                    "{OP}: the exact window ring holds {} values, expected {}",
+                    b - a,
+                    2 * half
+                )
+            }
+            let ring = rs.as_cuda_slice::<bf16>()?;
+            let base = ring.device_ptr(&stream).0;
+            if !(base + 2 * a as u64).is_multiple_of(16) || !(2 * half).is_multiple_of(16) {
+                bail!("{OP}: the exact window ring must be 16-byte aligned in device memory")
+            }
+            Some((ring, a, half))
+        }
+        _ => None,
+    };
     let (qa, qb) = range(OP, "q", lq)?;
     if qb - qa != sh.batch * op.q_heads * d {
         bail!(
@@ -450,31 +477,47 @@ pub(crate) fn kv_attention_cuda(
         },
         split_base: ring_splits as i32,
         part_splits: total as i32,
+        late_wait: 0,
+        pad: 0,
     };
     let grid = |s: usize| (s as u32, (sh.kv_heads * chunks) as u32, sh.batch as u32);
-    if let (Some(wd), Some(rk)) = (win, &ring_kernel) {
-        let (st, l) = wd.ring.storage_and_layout();
-        let Storage::Cuda(rs) = &*st else {
-            bail!("{OP}: the exact window ring is not on the GPU")
-        };
-        let (a, b) = range(OP, "exact window ring", l)?;
-        let half = sh.batch * w * sh.kv_heads * d;
-        if b - a != 2 * half {
-            bail!(
-                "{OP}: the exact window ring holds {} values, expected {}",
-                b - a,
-                2 * half
+    // The exact window's ring: before the UltraQuant launch, or after it (late_wait: under
+    // PDL it then overlaps it, see attn_body in kernels/ultraquant.cu).
+    let ring_first = match (op.opts.ring_first, &ring_kernel) {
+        (Some(f), _) => f,
+        (None, None) => true, // no ring
+        (None, Some(rk)) => {
+            let base = sh.batch * sh.kv_heads * chunks;
+            let ring_per_sm = rk
+                .f
+                .occupancy_max_active_blocks_per_multiprocessor((rk.nw * 32) as u32, rk.smem, None)
+                .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
+                as usize;
+            ring_first_default(
+                splits * base,
+                ring_splits * base,
+                ring_per_sm,
+                loaded.sms,
+                max_len.div_ceil(splits),
             )
         }
-        let p = KvAttnParams {
-            capacity: w as i32,
-            splits: ring_splits as i32,
-            split_base: 0,
-            ..params
-        };
-        let ring = rs.as_cuda_slice::<bf16>()?;
-        let l = rk.launch(grid(ring_splits), pdl);
-        unsafe { launch_bf16_kv(&stream, "exact window ring", ring, a, half, &rk.f, l, p)? };
+    };
+    let launch_ring = |late: bool| -> Result<()> {
+        if let (Some((ring, a, half)), Some(rk)) = (&ring_args, &ring_kernel) {
+            let p = KvAttnParams {
+                capacity: w as i32,
+                splits: ring_splits as i32,
+                split_base: 0,
+                late_wait: i32::from(late),
+                ..params
+            };
+            let l = rk.launch(grid(ring_splits), pdl);
+            unsafe { launch_bf16_kv(&stream, "exact window ring", ring, *a, *half, &rk.f, l, p)? };
+        }
+        Ok(())
+    };
+    if ring_first {
+        launch_ring(false)?;
     }
     if fp4 {
         let (a, b) = check_slots(OP, &sh, lkv)?;
@@ -499,6 +542,9 @@ pub(crate) fn kv_attention_cuda(
         let s = kv.as_cuda_slice::<bf16>()?;
         let l = main.launch(grid(splits), pdl);
         unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params)? };
+    }
+    if !ring_first {
+        launch_ring(true)?;
     }
     if let (Some(sc), false) = (scratch, fused) {
         let fc = loaded.function("cfp4_kv_combine")?.0;

@@ -95,6 +95,28 @@ pub(crate) fn cuda_head_dims(kind: KvCacheKind) -> &'static [usize] {
     }
 }
 
+/// The exact window's launch order on the GPU ([`DecodeOptions::ring_first`] = `None`):
+/// `true` = the BF16 ring kernel before the UltraQuant kernel, `false` = after it, where
+/// (under PDL) its CTAs run beside the UltraQuant ones. That pays when they have room: on
+/// the SMs the UltraQuant grid leaves free (`(sms - fp4_ctas) · ring_per_sm` CTAs), or in the
+/// tail of a long UltraQuant launch (`fp4_tokens_per_cta`, the tokens of one split). Measured
+/// on the H200 (docs/benchmarks.md, window 64, head_dim 128, 8 KV heads, 128 UltraQuant
+/// CTAs): after is 4 µs faster at batch 1 (every context: 8 ring CTAs fit the 4 free SMs) and
+/// 3–5 µs faster with ~8k tokens per split (batch 4 × 32k, batch 8 × 16k; 8,160–8,176
+/// tokens); before is 1–2.5 µs faster at batch 4–8 with up to 2k tokens per split; ~4k per
+/// split (batch 8 × 8k) is a tie. The threshold sits between the tie and the gain.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by src/cuda/kv.rs and the tests
+pub(crate) fn ring_first_default(
+    fp4_ctas: usize,
+    ring_ctas: usize,
+    ring_per_sm: usize,
+    sms: usize,
+    fp4_tokens_per_cta: usize,
+) -> bool {
+    let free = sms.saturating_sub(fp4_ctas).saturating_mul(ring_per_sm);
+    !(ring_ctas <= free || fp4_tokens_per_cta >= 6144)
+}
+
 impl CacheShape {
     /// Checks the dimensions for a cache of `kind` on `device` (`what` names the caller in
     /// errors).
@@ -154,6 +176,11 @@ pub struct DecodeOptions {
     /// Programmatic dependent launch (sm_90+): the kernels are queued while the previous
     /// kernel still runs and wait for it on the device; `None` = on.
     pub pdl: Option<bool>,
+    /// UltraQuant cache with an exact window: launch the BF16 ring kernel before the
+    /// UltraQuant kernel (`true`), or after it (`false`: under PDL it then runs beside the
+    /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
+    /// exiting); `None` = the measured default.
+    pub ring_first: Option<bool>,
 }
 
 /// Per-sequence lengths on the host and as a U32 tensor on the cache's device.
@@ -429,5 +456,24 @@ impl KvCache {
             Self::Bf16(c) => c.decode_attention_with(q, opts),
             Self::UltraQuant(c) => c.decode_attention_with(q, opts),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_first_default;
+
+    #[test]
+    fn ring_order_rule() {
+        // H200, 132 SMs, 128 UltraQuant CTAs, 3 ring CTAs per SM: 12 fit the free SMs.
+        assert!(!ring_first_default(128, 8, 3, 132, 2048)); // batch 1: the ring fits
+        assert!(!ring_first_default(128, 12, 3, 132, 256));
+        assert!(ring_first_default(128, 13, 3, 132, 256)); // one CTA too many
+        assert!(ring_first_default(128, 64, 3, 132, 512)); // batch 8, 1k
+        assert!(ring_first_default(128, 64, 3, 132, 4064)); // batch 8, 8k: a tie, kept first
+        assert!(!ring_first_default(128, 64, 3, 132, 8160)); // batch 8, 16k
+        assert!(!ring_first_default(128, 32, 3, 132, 8176)); // batch 4, 32k
+        assert!(ring_first_default(264, 8, 3, 132, 1024)); // no free SM (forced splits)
+        assert!(!ring_first_default(264, 8, 3, 132, 1 << 20));
     }
 }
