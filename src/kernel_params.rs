@@ -225,7 +225,9 @@ mod tests {
             "int win;                 // offset 84",
             "uint32_t* counters;      // offset 88",
             "int part_splits;         // offset 100",
-            "};                           // size 104",
+            "int late_wait;           // offset 104",
+            "int _pad;                // offset 108",
+            "};                           // size 112",
             "int head_dim;            // offset 32",
         ] {
             assert!(
