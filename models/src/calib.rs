@@ -12,6 +12,7 @@ use crate::awq::{
 };
 use crate::gptq::{asym_target, gptq_quantize_group, CrossMoment, GptqParams, Hessian};
 use crate::llama::{BlockInputs, Site};
+use crate::norm_tweak::{tweak_norms, NormTweakParams};
 use crate::Llama;
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -64,6 +65,10 @@ pub(crate) struct CalibRun<'a> {
     /// from a second, never modified copy of the unquantized model on the same tokens)
     /// from the partly quantized model's input. Needs `sequential` and the float model.
     pub asym: bool,
+    /// Norm tweaking ([`crate::norm_tweak`]): after a block's Linears are quantized, tune
+    /// its two RMSNorm weights so that its output matches the unquantized block's on the
+    /// same inputs (sequential mode only).
+    pub norm_tweak: Option<NormTweakParams>,
 }
 
 /// What [`gptq_llama`] produces.
@@ -77,6 +82,9 @@ pub(crate) struct GptqOutput {
     /// AWQ with [`CalibRun::keep_scaled`]: the scaled F32 weights `(values, n, k)` by
     /// module prefix.
     pub scaled: HashMap<String, (Vec<f32>, usize, usize)>,
+    /// Norm tweaking: per block, the block-output loss before and after, and whether the
+    /// tweaked norms were kept.
+    pub norm_tweak: Vec<(usize, f64, f64, bool)>,
 }
 
 /// GPTQ of every group in `groups` (q/k/v, o, gate/up, down of each layer; a group is
@@ -104,6 +112,12 @@ pub(crate) fn gptq_llama(
             "asymmetric calibration needs sequential calibration (without it the quantized \
              and the float inputs are the same)"
         );
+    }
+    if run.norm_tweak.is_some() && !run.sequential {
+        bail!("norm tweaking needs sequential calibration");
+    }
+    if let Some(p) = &run.norm_tweak {
+        p.check()?;
     }
     if run.asym && float.is_none() {
         bail!("asymmetric calibration needs the unquantized model's activations (no float model given)");
@@ -167,6 +181,17 @@ pub(crate) fn gptq_llama(
                 *x = y;
             }
         }
+        // Norm tweaking: the unquantized block's outputs on this block's inputs (before
+        // any of its Linears or norms change), the target of the tweak.
+        let tweak = run.norm_tweak.as_ref().filter(|_| !jobs.is_empty());
+        let targets: Vec<Tensor> = if tweak.is_some() {
+            hidden
+                .iter()
+                .map(|x| model.calib_block(i, x, None))
+                .collect::<Result<_>>()?
+        } else {
+            vec![]
+        };
         let has_down = jobs.iter().any(|(s, _)| *s == Site::Down);
         let o_group = jobs.iter().find(|(s, _)| *s == Site::O).map(|(_, g)| *g);
         // AWQ: down_proj's input scales, folded into up_proj's rows with gate/up; with
@@ -346,6 +371,24 @@ pub(crate) fn gptq_llama(
             out.extend(g.iter().cloned().zip(qs));
             on_group(g);
         }
+        if let Some(nt) = tweak {
+            let bp = model.block_params(i)?;
+            let r = tweak_norms(&bp, &hidden, &targets, nt)
+                .with_context(|| format!("norm tweaking of layer {i}"))?;
+            if r.kept {
+                model.set_block_norms(i, &r.attn_norm, &r.mlp_norm)?;
+                res.norms.insert(
+                    format!("model.layers.{i}.input_layernorm.weight"),
+                    r.attn_norm,
+                );
+                res.norms.insert(
+                    format!("model.layers.{i}.post_attention_layernorm.weight"),
+                    r.mlp_norm,
+                );
+            }
+            res.norm_tweak
+                .push((i, r.loss_before, r.loss_after, r.kept));
+        }
         for x in hidden.iter_mut() {
             *x = model.calib_block(i, x, None)?;
         }
@@ -430,6 +473,7 @@ mod tests {
             awq_vo: false,
             keep_scaled: false,
             asym: true,
+            norm_tweak: None,
         };
         let groups = vec![vec!["model.layers.0.self_attn.o_proj".to_string()]];
         let mut load = |_: &str| -> Result<(Vec<f32>, usize, usize)> { bail!("not reached") };

@@ -372,6 +372,7 @@ fn asym_opts(ids: Vec<u32>, sequential: bool, awq: bool) -> QuantizeOptions {
             awq,
             awq_vo: false,
             asym: true,
+            norm_tweak: None,
         },
     }
 }

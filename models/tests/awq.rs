@@ -238,6 +238,7 @@ fn awq_opts(ids: Vec<u32>, format: OutputFormat, sequential: bool, vo: bool) -> 
             awq: true,
             awq_vo: vo,
             asym: false,
+            norm_tweak: None,
         },
     }
 }

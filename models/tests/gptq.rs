@@ -270,6 +270,7 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             awq: false,
             awq_vo: false,
             asym: false,
+            norm_tweak: None,
         },
     }
 }
