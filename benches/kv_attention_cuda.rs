@@ -18,7 +18,10 @@
 //! the same run, counting read + write bytes. The short table is printed last.
 //!
 //! Run: `cargo bench --features cuda --bench kv_attention_cuda`
-//! (`CFP4_KV_BENCH_WINDOW=64`: the FP4 cache with an exact window of 64 tokens.)
+//! (`CFP4_KV_BENCH_WINDOW=64`: the FP4 cache with an exact window of 64 tokens;
+//! `CFP4_KV_BENCH_RING=1` with it: also both launch orders of the window's ring kernel;
+//! `CFP4_KV_BENCH_POINTS=32768x8,...`, `CFP4_KV_BENCH_SPLITS=8,16`,
+//! `CFP4_KV_BENCH_VARIANTS=1`: selected points, forced splits, merge / PDL variants.)
 
 use anyhow::{anyhow, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
