@@ -7,7 +7,10 @@ use super::scratch::kv_scratch;
 use crate::gemv::KernelImage;
 use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
 use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
-use crate::kv_cache::{cuda_head_dims, ring_first_default, CacheShape, KvCacheKind, SLOT_PADDING};
+use crate::kv_cache::{
+    cuda_head_dims, ring_first_default, row_stream_supported, CacheShape, KvCacheKind,
+    ROW_STREAM_HEADS, SLOT_PADDING,
+};
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -202,9 +205,10 @@ pub(crate) fn uq_read_cuda(
     Ok((CudaStorage::wrap_cuda_slice(out, dev), op.out_shape()))
 }
 
-/// Warps per CTA and dynamic shared memory of one attention kernel: mirrors `Cfg` in
-/// kernels/ultraquant.cu (the kernel traps when it gets less than it needs).
-fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
+/// Warps per CTA and dynamic shared memory of one attention kernel: mirrors `Cfg` (and with
+/// `rows`, `RowsCfg`) in kernels/ultraquant.cu (the kernel traps when it gets less than it
+/// needs).
+fn attn_config(fp4: bool, d: usize, nt: usize, rows: bool) -> (usize, usize) {
     let nw = match (fp4, d) {
         (true, 256) => 4,
         (true, _) if nt == 1 => 16,
@@ -228,8 +232,17 @@ fn attn_config(fp4: bool, d: usize, nt: usize) -> (usize, usize) {
     };
     let hc = 4 * nt;
     let tpi = if fp4 { 2 } else { 1 }; // 16-token tiles per stage buffer
-    let stages = nw * nstage * 16 * tpi * srow;
     let red_o = nw * hc * d * 4;
+    if rows {
+        // RowsCfg: NWH = nw / HB warp groups, each with NST = 3 stages of 16 · tpi token rows
+        // of HB slots (+ 16 bytes), the queries of HB KV heads, and 2 mbarriers per stage.
+        let (hb, nst) = (ROW_STREAM_HEADS, 3);
+        let nwh = nw / hb;
+        let stages = nwh * nst * 16 * tpi * (hb * slot + 16);
+        let bar_off = stages.max(red_o) + hb * hc * d * 4 + 2 * nw * hc * 4;
+        return (nw, bar_off + 2 * nwh * nst * 8);
+    }
+    let stages = nw * nstage * 16 * tpi * srow;
     let smem = stages.max(red_o) + hc * d * 4 + 2 * nw * hc * 4;
     (nw, smem)
 }
@@ -281,9 +294,16 @@ struct AttnKernel {
 }
 
 impl AttnKernel {
-    fn get(loaded: &Loaded, stream: &CudaStream, fp4: bool, d: usize, nt: usize) -> Result<Self> {
+    fn get(
+        loaded: &Loaded,
+        stream: &CudaStream,
+        fp4: bool,
+        d: usize,
+        nt: usize,
+        rows: bool,
+    ) -> Result<Self> {
         const OP: &str = "decode attention (cuda)";
-        let (nw, smem) = attn_config(fp4, d, nt);
+        let (nw, smem) = attn_config(fp4, d, nt, rows);
         let optin = stream
             .context()
             .attribute(
@@ -293,7 +313,11 @@ impl AttnKernel {
         if smem > optin as usize {
             bail!("{OP}: the head_dim {d} kernel needs {smem} bytes of shared memory, this GPU allows {optin}")
         }
-        let tag = if fp4 { "uq" } else { "bf16" };
+        let tag = match (fp4, rows) {
+            (true, true) => "uqrows",
+            (true, false) => "uq",
+            (false, _) => "bf16",
+        };
         let f = loaded
             .function(&format!("cfp4_kv_attn_{tag}_d{d}_nt{nt}"))?
             .0;
@@ -343,7 +367,25 @@ pub(crate) fn kv_attention_cuda(
     let dev = q.device().clone();
     let stream = dev.cuda_stream();
     let loaded = loaded(&dev)?;
-    let main = AttnKernel::get(&loaded, &stream, fp4, d, nt)?;
+    // The row-streaming UltraQuant kernel (HB KV heads per CTA, whole token rows by bulk
+    // copies) when the options ask for it.
+    let rows_ok =
+        row_stream_supported(fp4, d, group, sh.kv_heads, loaded.image.has_sm90_features());
+    let rows = match op.opts.row_stream {
+        Some(true) if !rows_ok => bail!(
+            "{OP}: row_stream needs an UltraQuant cache with head_dim 128, at most 4 query heads per KV head, a multiple of {ROW_STREAM_HEADS} KV heads and an sm_90+ GPU; here head_dim {d}, {group} query heads per KV head, {} KV heads",
+            sh.kv_heads
+        ),
+        Some(r) => r && rows_ok,
+        // Opt-in: on the H200 it is slower than the per-head kernel at every measured point
+        // (its copy alone runs at 82 % of copy bandwidth at 32k × 8, but its math alone takes
+        // 93 µs there: docs/benchmarks.md).
+        None => false,
+    };
+    // KV heads per CTA of the main kernel, and its grid's y extent.
+    let hb = if rows { ROW_STREAM_HEADS } else { 1 };
+    let main_y = sh.kv_heads / hb * chunks;
+    let main = AttnKernel::get(&loaded, &stream, fp4, d, nt, rows)?;
     // Exact window: the UltraQuant kernel over the older tokens, then the BF16 kernel over
     // the ring, both writing partials of one merge.
     let win = match (&op.window, fp4) {
@@ -351,7 +393,7 @@ pub(crate) fn kv_attention_cuda(
         _ => None,
     };
     let ring_kernel = match win {
-        Some(_) => Some(AttnKernel::get(&loaded, &stream, false, d, nt)?),
+        Some(_) => Some(AttnKernel::get(&loaded, &stream, false, d, nt, false)?),
         None => None,
     };
     let w = win.map_or(0, |w| w.size);
@@ -378,7 +420,7 @@ pub(crate) fn kv_attention_cuda(
             // per-CTA query rotation and warp merge, and beat two CTAs per SM at batch 1
             // (32k: 25.8 vs 28.9 us). BF16: a full wave of resident CTAs.
             let resident = if fp4 { loaded.sms } else { per_sm * loaded.sms };
-            auto_splits(max_len, sh.batch * sh.kv_heads * chunks, resident, main.nw)
+            auto_splits(max_len, sh.batch * main_y, resident, main.nw / hb)
         }
     };
     // The ring's splits: one per 16-token tile per warp of the BF16 kernel.
@@ -433,10 +475,16 @@ pub(crate) fn kv_attention_cuda(
     let mut out = unsafe { dev.alloc::<bf16>(n_out)? };
     // Merge of the splits: in the attention kernel's last CTA per head group (needs its
     // weights in every launching kernel's shared memory), or by cfp4_kv_combine.
-    let hc = 4 * nt;
-    let fits = |k: &AttnKernel| (hc * total + hc) * 4 <= k.smem;
+    // With row streaming the last CTA merges the heads of its HB KV heads, and the ring's
+    // grid (one KV head per CTA) counts differently, so a ring means the combine kernel.
+    let nh = hb * 4 * nt;
+    let fits = |k: &AttnKernel| (nh * total + nh) * 4 <= k.smem;
     let fused = total > 1
-        && op.opts.fused_merge.unwrap_or(fused_merge_default(fp4))
+        && (!rows || ring_kernel.is_none())
+        && op
+            .opts
+            .fused_merge
+            .unwrap_or(fused_merge_default(fp4) && !rows)
         && fits(&main)
         && ring_kernel.as_ref().is_none_or(fits);
     let pdl = op.opts.pdl.unwrap_or(true) && loaded.image.has_sm90_features();
@@ -480,7 +528,7 @@ pub(crate) fn kv_attention_cuda(
         late_wait: 0,
         pad: 0,
     };
-    let grid = |s: usize| (s as u32, (sh.kv_heads * chunks) as u32, sh.batch as u32);
+    let grid = |s: usize, y: usize| (s as u32, y as u32, sh.batch as u32);
     // The exact window's ring: before the UltraQuant launch, or after it (late_wait: under
     // PDL it then overlaps it, see attn_body in kernels/ultraquant.cu).
     let ring_first = match (op.opts.ring_first, &ring_kernel) {
@@ -494,7 +542,7 @@ pub(crate) fn kv_attention_cuda(
                 .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
                 as usize;
             ring_first_default(
-                splits * base,
+                splits * sh.batch * main_y,
                 ring_splits * base,
                 ring_per_sm,
                 loaded.sms,
@@ -511,7 +559,7 @@ pub(crate) fn kv_attention_cuda(
                 late_wait: i32::from(late),
                 ..params
             };
-            let l = rk.launch(grid(ring_splits), pdl);
+            let l = rk.launch(grid(ring_splits, sh.kv_heads * chunks), pdl);
             unsafe { launch_bf16_kv(&stream, "exact window ring", ring, *a, *half, &rk.f, l, p)? };
         }
         Ok(())
@@ -527,7 +575,7 @@ pub(crate) fn kv_attention_cuda(
             bail!("{OP}: the cache must be 16-byte aligned in device memory")
         }
         let p = KvAttnParams { k: kp, ..params };
-        unsafe { launch(&stream, &main.f, main.launch(grid(splits), pdl), &p)? };
+        unsafe { launch(&stream, &main.f, main.launch(grid(splits, main_y), pdl), &p)? };
     } else {
         let (a, b) = range(OP, "cache", lkv)?;
         let half = sh.elems(OP, d)?;
@@ -540,7 +588,7 @@ pub(crate) fn kv_attention_cuda(
             )
         }
         let s = kv.as_cuda_slice::<bf16>()?;
-        let l = main.launch(grid(splits), pdl);
+        let l = main.launch(grid(splits, main_y), pdl);
         unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params)? };
     }
     if !ring_first {

@@ -117,6 +117,32 @@ pub(crate) fn ring_first_default(
     !(ring_ctas <= free || fp4_tokens_per_cta >= 6144)
 }
 
+/// KV heads per CTA of the row-streaming UltraQuant kernel (`RowsCfg::HB` in
+/// kernels/ultraquant.cu).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by src/cuda/kv.rs and the tests
+pub(crate) const ROW_STREAM_HEADS: usize = 8;
+
+/// Whether decode attention can use the row-streaming UltraQuant kernel
+/// ([`DecodeOptions::row_stream`]): an UltraQuant cache with head_dim 128, at most 4 query
+/// heads per KV head (one head chunk), a multiple of [`ROW_STREAM_HEADS`] KV heads (a CTA
+/// reads the contiguous slots of 8 adjacent heads of each token row), and an sm_90+ kernel
+/// image (bulk copies and transaction-count mbarriers).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by src/cuda/kv.rs and the tests
+pub(crate) fn row_stream_supported(
+    ultraquant: bool,
+    head_dim: usize,
+    group: usize,
+    kv_heads: usize,
+    sm90: bool,
+) -> bool {
+    ultraquant
+        && head_dim == 128
+        && (1..=4).contains(&group)
+        && kv_heads > 0
+        && kv_heads.is_multiple_of(ROW_STREAM_HEADS)
+        && sm90
+}
+
 impl CacheShape {
     /// Checks the dimensions for a cache of `kind` on `device` (`what` names the caller in
     /// errors).
@@ -181,6 +207,14 @@ pub struct DecodeOptions {
     /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
     /// exiting); `None` = the measured default.
     pub ring_first: Option<bool>,
+    /// UltraQuant cache: `Some(true)` = the row-streaming kernel, where a CTA serves 8
+    /// adjacent KV heads and streams their slots as whole token-row chunks with bulk copies
+    /// (head_dim 128, at most 4 query heads per KV head, a multiple of 8 KV heads, sm_90+;
+    /// elsewhere an error); its splits are merged by the combine kernel unless `fused_merge`
+    /// asks otherwise (never with an exact window). `None` / `Some(false)` = the per-head
+    /// kernel (one KV head per CTA), faster on the H200 at every measured point: the row
+    /// stream's copy is faster, its math slower (docs/benchmarks.md).
+    pub row_stream: Option<bool>,
 }
 
 /// Per-sequence lengths on the host and as a U32 tensor on the cache's device.
@@ -461,7 +495,22 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests {
-    use super::ring_first_default;
+    use super::{ring_first_default, row_stream_supported};
+
+    #[test]
+    fn row_stream_rule() {
+        assert!(row_stream_supported(true, 128, 4, 8, true)); // the benchmark shape
+        assert!(row_stream_supported(true, 128, 1, 16, true));
+        assert!(!row_stream_supported(false, 128, 4, 8, true)); // BF16 cache
+        assert!(!row_stream_supported(true, 64, 4, 8, true)); // head_dim
+        assert!(!row_stream_supported(true, 256, 4, 8, true));
+        assert!(!row_stream_supported(true, 128, 5, 8, true)); // two head chunks
+        assert!(!row_stream_supported(true, 128, 0, 8, true));
+        assert!(!row_stream_supported(true, 128, 4, 4, true)); // KV heads
+        assert!(!row_stream_supported(true, 128, 4, 12, true));
+        assert!(!row_stream_supported(true, 128, 4, 0, true));
+        assert!(!row_stream_supported(true, 128, 4, 8, false)); // sm_80 image
+    }
 
     #[test]
     fn ring_order_rule() {
