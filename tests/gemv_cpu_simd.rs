@@ -20,9 +20,10 @@
 //!   block scale instead of every weight: a regrouping that adds at most 2 roundings
 //!   per product, covered by the same bound for K ≥ 32, since a product passes through
 //!   at most K/32 + 8 roundings there: the K % 32 kernel's even/odd chains K/32 + 5,
-//!   the K % 64 decode kernel's four chains 1 + K/64 + 5. With M = 1 and K ∈ {64, 576,
-//!   1536, 2048} below, the decode kernel and, on a machine with more than one thread,
-//!   the spinning pool are what runs.) The
+//!   the K % 64 decode kernel's four chains 1 + K/64 + 5; its AVX-512 version scales
+//!   each exact product in the accumulating FMA, K/64 + 6. With M = 1 and K ∈ {64, 576,
+//!   1536, 2048} below, the decode kernel (AVX2, and AVX-512 where the CPU has it) and,
+//!   on a machine with more than one thread, the spinning pool are what runs.) The
 //!   BF16 rounding moves each by at most u16·|value| (u16 = 2^-8), so
 //!   `|y_simd − y_scalar| ≤ 2δ + 1.01·u16·(|y_simd| + |y_scalar|)`. That bound allows a
 //!   1-ulp flip anywhere, so we also require that at most 2 % of the elements differ at

@@ -7,7 +7,8 @@
 //! one BF16 rounding, optional `silu(gate)·up`). The paths differ only in how the FP32
 //! sum is ordered and grouped (the AVX2 single-token path multiplies each block's
 //! 16-value partial sum of exact `e2m1·x` products by the block scale, `s·Σq·x` =
-//! `Σ(q·s)·x` regrouped; it reads `x` with each block's even elements first, a
+//! `Σ(q·s)·x` regrouped, the AVX-512 one scales each exact product in its accumulating
+//! FMA; both read `x` with each block's even elements first, a
 //! permutation made while converting `x` to FP32).
 //!
 //! Threads: rows are split across rayon tasks, except for a single token (decode) with
@@ -291,7 +292,9 @@ pub fn gemv_cpu_with(
     };
     let mut xf = Vec::with_capacity(m * k);
     #[cfg(target_arch = "x86_64")]
-    if kernel == CpuKernel::Avx2 && super::cpu_avx2::single_token_path(rows, m, k) {
+    if matches!(kernel, CpuKernel::Avx2 | CpuKernel::Avx512)
+        && super::cpu_avx2::single_token_path(rows, m, k)
+    {
         // The single-token NVFP4 kernel's layout: each block's even elements, then its
         // odd ones (a permutation of the same FP32 values).
         xf.resize(k, 0.0);

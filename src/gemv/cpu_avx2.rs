@@ -226,7 +226,10 @@ fn row_all_tokens(row: Row<'_>, xb: &[&[[f32; 16]]], blocks: usize, out: &mut [f
 
 /// Whether the single-token NVFP4 path ([`rows_nvfp4_t1`]) runs for this call: AVX2 +
 /// FMA + F16C, NVFP4 rows, `m == 1`, `k % 64 == 0`. When it does, the caller lays the
-/// FP32 `x` out with [`split_x_block`] (so the row kernel needs no interleave).
+/// FP32 `x` out with [`split_x_block`] (so the row kernel needs no interleave); the AVX2
+/// kernel runs [`row_nvfp4_t1`] per row, the AVX-512 kernel its own 16-lane version
+/// (`cpu_avx512::row_nvfp4_t1`: 74–81 vs 69–72 tokens/s with the AVX2 row, SmolLM2 decode
+/// on one AVX-512 core).
 pub(super) fn single_token_path(rows: &WeightRows<'_>, m: usize, k: usize) -> bool {
     m == 1
         && k.is_multiple_of(64)
@@ -334,13 +337,20 @@ unsafe fn row_nvfp4_t1(
     hsum(s)
 }
 
-/// The single-token NVFP4 path over rows `row0..row0 + out.len()`, `x` in the split layout.
-fn rows_nvfp4_t1(
+/// One NVFP4 row of the single-token path: `(codes, scale_bytes, e4m3 table, x, groups)`,
+/// with the contract of [`row_nvfp4_t1`] (the AVX2 row, or the AVX-512 one of
+/// `cpu_avx512`).
+pub(super) type RowT1 = unsafe fn(&[[u8; 8]], &[u8], &[f32; 256], &[[f32; 16]], usize) -> f32;
+
+/// The single-token NVFP4 path over rows `row0..row0 + out.len()`, `x` in the split layout,
+/// with row kernel `row` (whose CPU features the caller has checked).
+pub(super) fn rows_nvfp4_t1(
     rows: &WeightRows<'_>,
     xf: &[f32],
     k: usize,
     row0: usize,
     out: &mut [f32],
+    row: RowT1,
 ) -> Result<()> {
     let groups = k / 64;
     let x = xf.as_chunks::<16>().0;
@@ -355,15 +365,15 @@ fn rows_nvfp4_t1(
         if codes.len() != 4 * groups || scale_bytes.len() < (groups - 1) * 512 + 4 {
             bail!("gemv: NVFP4 row {} is shorter than K = {k}", row0 + r);
         }
-        // SAFETY: features checked by `single_token_path` (the caller's condition), the
-        // lengths just above.
-        *o = unsafe { row_nvfp4_t1(codes, scale_bytes, table, x, groups) };
+        // SAFETY: features checked by the caller (`single_token_path`, and AVX-512 for
+        // its row), the lengths just above.
+        *o = unsafe { row(codes, scale_bytes, table, x, groups) };
     }
     Ok(())
 }
 
 /// `e4m3_decode(b)` for every byte.
-fn e4m3_table() -> &'static [f32; 256] {
+pub(super) fn e4m3_table() -> &'static [f32; 256] {
     static T: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
     T.get_or_init(|| std::array::from_fn(|b| crate::nvfp4::e4m3_decode(b as u8)))
 }
@@ -385,7 +395,7 @@ pub(super) fn rows_avx2(
         bail!("gemv: the AVX2 kernel needs K % 32 == 0 and x of [{m}, {k}]");
     }
     if single_token_path(rows, m, k) {
-        return rows_nvfp4_t1(rows, xf, k, row0, out);
+        return rows_nvfp4_t1(rows, xf, k, row0, out, row_nvfp4_t1);
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();

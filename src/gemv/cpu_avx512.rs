@@ -134,6 +134,87 @@ fn row_all_tokens<const NV: bool>(
     }
 }
 
+/// One NVFP4 row against one token in the single-token path's split layout (see
+/// `cpu_avx2::row_nvfp4_t1`, same contract): `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
+///
+/// Four blocks (32 code bytes) per step, decoded as in the AVX2 row (one `pshufb` per
+/// nibble half from a table of E2M1 values as FP16 high bytes), then each block's even and
+/// odd FP16 codes are put side by side (`vperm2i128`) so that one 16-lane `vcvtph2ps`
+/// gives the block in the split layout of `x`: `acc_j += (q·x)·s_b` per lane (the
+/// products are exact; one FMA rounding each), four accumulators `acc_j`, `j = b % 4`,
+/// summed at the end. Per product at most `K/64` accumulation roundings plus 6 in the
+/// final sums, inside the bound the tests derive for the single-token paths.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW, AVX2, FMA and F16C; `codes` holds `4·groups` blocks,
+/// `scale_bytes` at least `(groups − 1)·512 + 4` bytes, `x` `64·groups` values.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn row_nvfp4_t1(
+    codes: &[[u8; 8]],
+    scale_bytes: &[u8],
+    table: &[f32; 256],
+    x: &[[f32; 16]],
+    groups: usize,
+) -> f32 {
+    // E2M1 code → the high byte of the same value in FP16 (as in the AVX2 row).
+    let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+        0x00,
+        0x38,
+        0x3C,
+        0x3E,
+        0x40,
+        0x42,
+        0x44,
+        0x46,
+        0x80u8 as i8,
+        0xB8u8 as i8,
+        0xBCu8 as i8,
+        0xBEu8 as i8,
+        0xC0u8 as i8,
+        0xC2u8 as i8,
+        0xC4u8 as i8,
+        0xC6u8 as i8,
+    ));
+    let mask = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let c = codes.as_ptr().cast::<u8>();
+    let xp = x.as_ptr().cast::<f32>();
+    for g in 0..groups {
+        // SAFETY (all pointer reads): in bounds by the caller's contract.
+        let v = unsafe { _mm256_loadu_si256(c.add(32 * g).cast()) };
+        let ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
+        let qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+        // FP16 words (byte << 8). 128-bit lane 0 holds blocks 0, 1, lane 1 blocks 2, 3.
+        let e02 = _mm256_unpacklo_epi8(zero, ql);
+        let e13 = _mm256_unpackhi_epi8(zero, ql);
+        let o02 = _mm256_unpacklo_epi8(zero, qh);
+        let o13 = _mm256_unpackhi_epi8(zero, qh);
+        // Block j's 8 even then 8 odd codes.
+        let q = [
+            _mm256_permute2x128_si256::<0x20>(e02, o02),
+            _mm256_permute2x128_si256::<0x20>(e13, o13),
+            _mm256_permute2x128_si256::<0x31>(e02, o02),
+            _mm256_permute2x128_si256::<0x31>(e13, o13),
+        ];
+        let sb = unsafe { scale_bytes.as_ptr().add(512 * g) };
+        for (j, qj) in q.into_iter().enumerate() {
+            let (s, xv) = unsafe {
+                (
+                    *table.get_unchecked(*sb.add(j) as usize),
+                    _mm512_loadu_ps(xp.add(64 * g + 16 * j)),
+                )
+            };
+            let p = _mm512_mul_ps(_mm512_cvtph_ps(qj), xv);
+            acc[j] = _mm512_fmadd_ps(p, _mm512_set1_ps(s), acc[j]);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(
+        _mm512_add_ps(acc[0], acc[1]),
+        _mm512_add_ps(acc[2], acc[3]),
+    ))
+}
+
 /// AVX-512 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for
 /// `k % 64 == 0`.
 pub(super) fn rows_avx512(
@@ -149,6 +230,10 @@ pub(super) fn rows_avx512(
     }
     if !k.is_multiple_of(64) || xf.len() != m * k {
         bail!("gemv: the AVX-512 kernel needs K % 64 == 0 and x of [{m}, {k}]");
+    }
+    if super::cpu_avx2::single_token_path(rows, m, k) {
+        // `x` is in the split layout (`gemv_cpu_with`); AVX-512 F and BW checked above.
+        return super::cpu_avx2::rows_nvfp4_t1(rows, xf, k, row0, out, row_nvfp4_t1);
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();
