@@ -58,17 +58,17 @@ impl Default for GptqParams {
     }
 }
 
-/// The second moment of a Linear's calibration inputs, `H = XᵀX / n` (`[K, K]`, f64).
+/// `Σ aᵀb` over calibration rows (`[K, K]`, f64) and the number of rows: the state of
+/// [`Hessian`] (`a = b`) and of [`CrossMoment`]. `what` names the owner in errors.
 #[derive(Debug, Clone)]
-pub struct Hessian {
+struct Moment {
     k: usize,
     sum: Vec<f64>,
     samples: usize,
 }
 
-impl Hessian {
-    /// An empty accumulator for inputs of `k` features.
-    pub fn new(k: usize) -> Self {
+impl Moment {
+    fn new(k: usize) -> Self {
         Self {
             k,
             sum: vec![0.0; k * k],
@@ -76,78 +76,115 @@ impl Hessian {
         }
     }
 
-    /// A given symmetric matrix `[k, k]` (row-major), counted as one sample.
-    pub fn from_matrix(k: usize, h: Vec<f64>) -> Result<Self> {
-        if h.len() != k * k {
-            bail!("Hessian::from_matrix: {} values for [{k}, {k}]", h.len());
+    fn from_matrix(what: &str, k: usize, m: Vec<f64>) -> Result<Self> {
+        if m.len() != k * k {
+            bail!("{what}::from_matrix: {} values for [{k}, {k}]", m.len());
         }
         Ok(Self {
             k,
-            sum: h,
+            sum: m,
             samples: 1,
         })
     }
 
-    /// Input features `K`.
-    pub fn k(&self) -> usize {
-        self.k
-    }
-
-    /// Input rows accumulated so far.
-    pub fn samples(&self) -> usize {
-        self.samples
-    }
-
-    /// Adds the rows of `x` (`[t, K]`, any float dtype, any device) to `XᵀX`.
-    pub fn add(&mut self, x: &Tensor) -> Result<()> {
-        let (t, k) = x.dims2()?;
-        if k != self.k {
-            bail!("Hessian::add: input has {k} features, expected {}", self.k);
-        }
-        let x = x
-            .to_device(&candle_core::Device::Cpu)?
-            .to_dtype(DType::F64)?;
-        let xtx = x.t()?.contiguous()?.matmul(&x)?;
-        let v = xtx.flatten_all()?.to_vec1::<f64>()?;
-        for (s, a) in self.sum.iter_mut().zip(v) {
-            *s += a;
+    /// Adds `aᵀb` for F64 CPU tensors `a`, `b` of `[t, K]` (checked by the caller).
+    fn add(&mut self, a: &Tensor, b: &Tensor, t: usize) -> Result<()> {
+        let p = a.t()?.contiguous()?.matmul(b)?;
+        let v = p.flatten_all()?.to_vec1::<f64>()?;
+        for (s, x) in self.sum.iter_mut().zip(v) {
+            *s += x;
         }
         self.samples += t;
         Ok(())
     }
 
-    /// The Hessian of the inputs `x ∘ d` (each input channel `j` multiplied by `d_j`):
-    /// `diag(d) H diag(d)`.
-    pub fn scaled(&self, d: &[f64]) -> Result<Hessian> {
-        if d.len() != self.k {
-            bail!("Hessian::scaled: {} factors for K = {}", d.len(), self.k);
-        }
+    /// `diag(d_a) Σ diag(d_b)` (lengths checked by the caller).
+    fn scaled(&self, d_a: &[f64], d_b: &[f64]) -> Self {
         let k = self.k;
         let sum = (0..k * k)
-            .map(|idx| self.sum[idx] * d[idx / k] * d[idx % k])
+            .map(|idx| self.sum[idx] * d_a[idx / k] * d_b[idx % k])
             .collect();
-        Ok(Self {
+        Self {
             k,
             sum,
             samples: self.samples,
-        })
+        }
+    }
+
+    /// `Σ / n`, row-major `[K, K]`.
+    fn matrix(&self, what: &str) -> Result<Vec<f64>> {
+        if self.samples == 0 {
+            bail!("{what}: no calibration inputs were accumulated");
+        }
+        let n = self.samples as f64;
+        Ok(self.sum.iter().map(|v| v / n).collect())
+    }
+}
+
+/// `x` as an F64 CPU tensor.
+fn cpu_f64(x: &Tensor) -> Result<Tensor> {
+    Ok(x.to_device(&candle_core::Device::Cpu)?
+        .to_dtype(DType::F64)?)
+}
+
+/// The second moment of a Linear's calibration inputs, `H = XᵀX / n` (`[K, K]`, f64).
+#[derive(Debug, Clone)]
+pub struct Hessian(Moment);
+
+impl Hessian {
+    /// An empty accumulator for inputs of `k` features.
+    pub fn new(k: usize) -> Self {
+        Self(Moment::new(k))
+    }
+
+    /// A given symmetric matrix `[k, k]` (row-major), counted as one sample.
+    pub fn from_matrix(k: usize, h: Vec<f64>) -> Result<Self> {
+        Ok(Self(Moment::from_matrix("Hessian", k, h)?))
+    }
+
+    /// Input features `K`.
+    pub fn k(&self) -> usize {
+        self.0.k
+    }
+
+    /// Input rows accumulated so far.
+    pub fn samples(&self) -> usize {
+        self.0.samples
+    }
+
+    /// Adds the rows of `x` (`[t, K]`, any float dtype, any device) to `XᵀX`.
+    pub fn add(&mut self, x: &Tensor) -> Result<()> {
+        let (t, k) = x.dims2()?;
+        if k != self.0.k {
+            bail!(
+                "Hessian::add: input has {k} features, expected {}",
+                self.0.k
+            );
+        }
+        let x = cpu_f64(x)?;
+        self.0.add(&x, &x, t)
+    }
+
+    /// The Hessian of the inputs `x ∘ d` (each input channel `j` multiplied by `d_j`):
+    /// `diag(d) H diag(d)`.
+    pub fn scaled(&self, d: &[f64]) -> Result<Hessian> {
+        if d.len() != self.0.k {
+            bail!("Hessian::scaled: {} factors for K = {}", d.len(), self.0.k);
+        }
+        Ok(Self(self.0.scaled(d, d)))
     }
 
     /// Adds `d_j` to the diagonal of `XᵀX / n`.
     pub fn add_diag(&mut self, d: &[f64]) {
-        let n = self.samples as f64;
+        let (k, n) = (self.0.k, self.0.samples as f64);
         for (j, v) in d.iter().enumerate() {
-            self.sum[j * self.k + j] += v * n;
+            self.0.sum[j * k + j] += v * n;
         }
     }
 
     /// `XᵀX / n`, row-major `[K, K]`.
     pub fn matrix(&self) -> Result<Vec<f64>> {
-        if self.samples == 0 {
-            bail!("Hessian: no calibration inputs were accumulated");
-        }
-        let n = self.samples as f64;
-        Ok(self.sum.iter().map(|v| v / n).collect())
+        self.0.matrix("Hessian")
     }
 }
 
@@ -156,46 +193,28 @@ impl Hessian {
 /// partly quantized one, row `t` of both from the same token. Row `a` of `C` is float input
 /// channel `a`, column `b` quantized input channel `b`. See [`asym_target`].
 #[derive(Debug, Clone)]
-pub struct CrossMoment {
-    k: usize,
-    sum: Vec<f64>,
-    samples: usize,
-}
+pub struct CrossMoment(Moment);
 
 impl CrossMoment {
     /// An empty accumulator for inputs of `k` features.
     pub fn new(k: usize) -> Self {
-        Self {
-            k,
-            sum: vec![0.0; k * k],
-            samples: 0,
-        }
+        Self(Moment::new(k))
     }
 
     /// A given matrix `[k, k]` (row-major), counted as one sample (pairs with
     /// [`Hessian::from_matrix`]).
     pub fn from_matrix(k: usize, c: Vec<f64>) -> Result<Self> {
-        if c.len() != k * k {
-            bail!(
-                "CrossMoment::from_matrix: {} values for [{k}, {k}]",
-                c.len()
-            );
-        }
-        Ok(Self {
-            k,
-            sum: c,
-            samples: 1,
-        })
+        Ok(Self(Moment::from_matrix("CrossMoment", k, c)?))
     }
 
     /// Input features `K`.
     pub fn k(&self) -> usize {
-        self.k
+        self.0.k
     }
 
     /// Input rows accumulated so far.
     pub fn samples(&self) -> usize {
-        self.samples
+        self.0.samples
     }
 
     /// Adds `x_fᵀ x_q` for the float inputs `x_f` and the quantized model's inputs `x_q`
@@ -204,29 +223,20 @@ impl CrossMoment {
     pub fn add(&mut self, x_f: &Tensor, x_q: &Tensor) -> Result<()> {
         let (tf, kf) = x_f.dims2()?;
         let (t, k) = x_q.dims2()?;
-        if tf != t || kf != k || k != self.k {
+        if tf != t || kf != k || k != self.0.k {
             bail!(
                 "CrossMoment::add: float inputs [{tf}, {kf}] and quantized inputs [{t}, {k}], \
                  expected [t, {}] for both",
-                self.k
+                self.0.k
             );
         }
-        let cpu = candle_core::Device::Cpu;
-        let xf = x_f.to_device(&cpu)?.to_dtype(DType::F64)?;
-        let xq = x_q.to_device(&cpu)?.to_dtype(DType::F64)?;
-        let c = xf.t()?.contiguous()?.matmul(&xq)?;
-        let v = c.flatten_all()?.to_vec1::<f64>()?;
-        for (s, a) in self.sum.iter_mut().zip(v) {
-            *s += a;
-        }
-        self.samples += t;
-        Ok(())
+        self.0.add(&cpu_f64(x_f)?, &cpu_f64(x_q)?, t)
     }
 
     /// The cross moment of the inputs `x_f ∘ d_f` and `x_q ∘ d_q` (channels multiplied):
     /// `diag(d_f) C diag(d_q)`.
     pub fn scaled(&self, d_f: &[f64], d_q: &[f64]) -> Result<CrossMoment> {
-        let k = self.k;
+        let k = self.0.k;
         if d_f.len() != k || d_q.len() != k {
             bail!(
                 "CrossMoment::scaled: {} and {} factors for K = {k}",
@@ -234,23 +244,12 @@ impl CrossMoment {
                 d_q.len()
             );
         }
-        let sum = (0..k * k)
-            .map(|idx| self.sum[idx] * d_f[idx / k] * d_q[idx % k])
-            .collect();
-        Ok(Self {
-            k,
-            sum,
-            samples: self.samples,
-        })
+        Ok(Self(self.0.scaled(d_f, d_q)))
     }
 
     /// `X_fᵀX_q / n`, row-major `[K, K]`.
     pub fn matrix(&self) -> Result<Vec<f64>> {
-        if self.samples == 0 {
-            bail!("CrossMoment: no calibration inputs were accumulated");
-        }
-        let n = self.samples as f64;
-        Ok(self.sum.iter().map(|v| v / n).collect())
+        self.0.matrix("CrossMoment")
     }
 }
 
@@ -285,16 +284,16 @@ pub fn asym_target(
     damp: f64,
     ridge: Option<&[f64]>,
 ) -> Result<Vec<Vec<f64>>> {
-    let k = h.k;
-    if c.k != k {
-        bail!("asym: cross moment of K = {}, Hessian of K = {k}", c.k);
+    let k = h.k();
+    if c.k() != k {
+        bail!("asym: cross moment of K = {}, Hessian of K = {k}", c.k());
     }
-    if c.samples != h.samples {
+    if c.samples() != h.samples() {
         bail!(
             "asym: the cross moment has {} samples, the Hessian {}: they must come from the \
              same tokens",
-            c.samples,
-            h.samples
+            c.samples(),
+            h.samples()
         );
     }
     if !(damp.is_finite() && damp >= 0.0) {
@@ -434,7 +433,7 @@ fn prepare(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>)> {
 /// [`prepare`], also returning the dampened matrix `M` that `U` factors (`M⁻¹ = UᵀU`).
 #[allow(clippy::type_complexity)]
 fn prepare_with_matrix(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>, Vec<f64>)> {
-    let k = h.k;
+    let k = h.k();
     let mut m = h.matrix()?;
     if m.iter().any(|v| !v.is_finite()) {
         bail!("the calibration Hessian has non-finite values");
@@ -544,7 +543,7 @@ pub fn gptq_quantize_group(
     global_scale: Option<f32>,
     params: &GptqParams,
 ) -> Result<Vec<Nvfp4Quantized>> {
-    let k = h.k;
+    let k = h.k();
     if k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
         bail!("gptq: in_features {k} must be a positive multiple of {BLOCK_SIZE}");
     }
@@ -593,10 +592,12 @@ pub fn gptq_quantize_group(
         };
         order.sort_by(|&a, &b| weight(b).total_cmp(&weight(a)));
         let col = |j: usize| order[j / BLOCK_SIZE] * BLOCK_SIZE + j % BLOCK_SIZE;
-        h.sum = (0..k * k)
-            .map(|idx| m[col(idx / k) * k + col(idx % k)])
-            .collect();
-        h.samples = 1;
+        h = Hessian::from_matrix(
+            k,
+            (0..k * k)
+                .map(|idx| m[col(idx / k) * k + col(idx % k)])
+                .collect(),
+        )?;
     }
     let col = |j: usize| order[j / BLOCK_SIZE] * BLOCK_SIZE + j % BLOCK_SIZE;
     let (u, dead) = prepare(&h, params.damp)?;

@@ -17,43 +17,7 @@ use safetensors::SafeTensors;
 use std::path::Path;
 
 mod common;
-use common::bf16_dir;
-
-/// A standard normal sample (Box–Muller).
-fn normal(rng: &mut StdRng) -> f64 {
-    let u1: f64 = rng.random::<f64>().max(1e-300);
-    let u2: f64 = rng.random();
-    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-}
-
-/// `n` rows of an AR(1) process over `k` features: `x_j = ρ x_{j-1} + √(1-ρ²) ε_j`, unit
-/// variance, correlation `ρ^|i-j|`.
-fn ar1_inputs(rng: &mut StdRng, n: usize, k: usize, rho: f64) -> Vec<f32> {
-    let mut x = Vec::with_capacity(n * k);
-    for _ in 0..n {
-        let mut prev = normal(rng);
-        x.push(prev as f32);
-        for _ in 1..k {
-            prev = rho * prev + (1.0 - rho * rho).sqrt() * normal(rng);
-            x.push(prev as f32);
-        }
-    }
-    x
-}
-
-/// A weight `[n, k]`: N(0, 0.02²) with a few 4× outliers, so block scales differ.
-fn weights(rng: &mut StdRng, n: usize, k: usize) -> Vec<f32> {
-    (0..n * k)
-        .map(|i| {
-            let v = 0.02 * normal(rng) as f32;
-            if i % 37 == 5 {
-                4.0 * v
-            } else {
-                v
-            }
-        })
-        .collect()
-}
+use common::{ar1_inputs, bf16_dir, weights};
 
 fn hessian(x: &[f32], n: usize, k: usize) -> Hessian {
     let mut h = Hessian::new(k);

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::Rng;
 use std::path::{Path, PathBuf};
 
 /// The fixture folder: ModelOpt's NVFP4 export, `original.safetensors`, reference logits.
@@ -66,4 +68,40 @@ pub fn max_abs(t: &Tensor) -> f32 {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap()
+}
+
+/// A standard normal sample (Box–Muller).
+pub fn normal(rng: &mut StdRng) -> f64 {
+    let u1: f64 = rng.random::<f64>().max(1e-300);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// `n` rows of an AR(1) process over `k` features: `x_j = ρ x_{j-1} + √(1-ρ²) ε_j`, unit
+/// variance, correlation `ρ^|i-j|`.
+pub fn ar1_inputs(rng: &mut StdRng, n: usize, k: usize, rho: f64) -> Vec<f32> {
+    let mut x = Vec::with_capacity(n * k);
+    for _ in 0..n {
+        let mut prev = normal(rng);
+        x.push(prev as f32);
+        for _ in 1..k {
+            prev = rho * prev + (1.0 - rho * rho).sqrt() * normal(rng);
+            x.push(prev as f32);
+        }
+    }
+    x
+}
+
+/// A weight `[n, k]`: N(0, 0.02²) with a few 4× outliers, so block scales differ.
+pub fn weights(rng: &mut StdRng, n: usize, k: usize) -> Vec<f32> {
+    (0..n * k)
+        .map(|i| {
+            let v = 0.02 * normal(rng) as f32;
+            if i % 37 == 5 {
+                4.0 * v
+            } else {
+                v
+            }
+        })
+        .collect()
 }
