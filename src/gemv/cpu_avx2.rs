@@ -248,26 +248,17 @@ pub(super) fn split_x_block(src: &[bf16; 16], dst: &mut [f32; 16]) {
     }
 }
 
-/// One NVFP4 row against one token in the split layout: `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
-///
-/// Four blocks (32 code bytes) per step: the low and high nibbles go through one
-/// `pshufb` each, from a table of the E2M1 values as FP16 high bytes (the low byte is
-/// always zero), and `vcvtph2ps` widens them to FP32: exact, so every lane holds the
-/// E2M1 value and every product `q·x` is exact. Per block: `p = q_even·x_even +
-/// q_odd·x_odd` (8 lanes), then `acc_j += p · s_b` with the block's E4M3 scale `s_b`
-/// (one FMA), four accumulators `acc_j`, `j = b % 4`.
+/// The 32 E2M1 codes of 4 NVFP4 blocks (the 32 code bytes at `p`) as FP16 words, exact
+/// (the value's high byte, the low byte zero): `[e02, e13, o02, o13]`, the even codes (low
+/// nibbles) and the odd ones; 128-bit lane 0 of `e02` / `o02` holds block 0, lane 1 block 2,
+/// and `e13` / `o13` blocks 1 and 3. One `pshufb` per nibble half from a table of the FP16
+/// high bytes. Shared by the single-token rows of this module and `cpu_avx512`.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `codes` holds `4·groups` blocks, `scale_bytes` at
-/// least `(groups − 1)·512 + 4` bytes, `x` `64·groups` values.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_nvfp4_t1(
-    codes: &[[u8; 8]],
-    scale_bytes: &[u8],
-    table: &[f32; 256],
-    x: &[[f32; 16]],
-    groups: usize,
-) -> f32 {
+/// 32 bytes are readable at `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn e2m1_fp16_words(p: *const u8) -> [__m256i; 4] {
     // E2M1 code → the high byte of the same value in FP16 (sign, 5-bit exponent, the
     // top 2 mantissa bits): 0, 0.5, 1, 1.5, 2, 3, 4, 6, then their negatives.
     let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
@@ -290,19 +281,44 @@ unsafe fn row_nvfp4_t1(
     ));
     let mask = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
+    // SAFETY: 32 readable bytes by the caller's contract.
+    let v = unsafe { _mm256_loadu_si256(p.cast()) };
+    let ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
+    let qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+    [
+        _mm256_unpacklo_epi8(zero, ql),
+        _mm256_unpackhi_epi8(zero, ql),
+        _mm256_unpacklo_epi8(zero, qh),
+        _mm256_unpackhi_epi8(zero, qh),
+    ]
+}
+
+/// One NVFP4 row against one token in the split layout: `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
+///
+/// Four blocks (32 code bytes) per step: the low and high nibbles go through one
+/// `pshufb` each, from a table of the E2M1 values as FP16 high bytes (the low byte is
+/// always zero), and `vcvtph2ps` widens them to FP32: exact, so every lane holds the
+/// E2M1 value and every product `q·x` is exact. Per block: `p = q_even·x_even +
+/// q_odd·x_odd` (8 lanes), then `acc_j += p · s_b` with the block's E4M3 scale `s_b`
+/// (one FMA), four accumulators `acc_j`, `j = b % 4`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `codes` holds `4·groups` blocks, `scale_bytes` at
+/// least `(groups − 1)·512 + 4` bytes, `x` `64·groups` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_nvfp4_t1(
+    codes: &[[u8; 8]],
+    scale_bytes: &[u8],
+    table: &[f32; 256],
+    x: &[[f32; 16]],
+    groups: usize,
+) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let c = codes.as_ptr().cast::<u8>();
     let xp = x.as_ptr().cast::<f32>();
     for g in 0..groups {
         // SAFETY (all pointer reads): in bounds by the caller's contract.
-        let v = unsafe { _mm256_loadu_si256(c.add(32 * g).cast()) };
-        let ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
-        let qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
-        // FP16 words (byte << 8). 128-bit lane 0 holds blocks 0, 1, lane 1 blocks 2, 3.
-        let e02 = _mm256_unpacklo_epi8(zero, ql);
-        let e13 = _mm256_unpackhi_epi8(zero, ql);
-        let o02 = _mm256_unpacklo_epi8(zero, qh);
-        let o13 = _mm256_unpackhi_epi8(zero, qh);
+        let [e02, e13, o02, o13] = unsafe { e2m1_fp16_words(c.add(32 * g)) };
         let q = [
             (_mm256_castsi256_si128(e02), _mm256_castsi256_si128(o02)),
             (_mm256_castsi256_si128(e13), _mm256_castsi256_si128(o13)),
@@ -373,7 +389,7 @@ pub(super) fn rows_nvfp4_t1(
 }
 
 /// `e4m3_decode(b)` for every byte.
-pub(super) fn e4m3_table() -> &'static [f32; 256] {
+fn e4m3_table() -> &'static [f32; 256] {
     static T: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
     T.get_or_init(|| std::array::from_fn(|b| crate::nvfp4::e4m3_decode(b as u8)))
 }

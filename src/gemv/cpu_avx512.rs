@@ -8,6 +8,7 @@
 //! FP32 with FMA, up to 4 tokens per decoded block, 4 independent blocks in flight.
 
 use super::cpu::{half_e4m3_table, RowBlocks, WeightRows};
+use super::cpu_avx2::e2m1_fp16_words;
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -137,8 +138,8 @@ fn row_all_tokens<const NV: bool>(
 /// One NVFP4 row against one token in the single-token path's split layout (see
 /// `cpu_avx2::row_nvfp4_t1`, same contract): `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
 ///
-/// Four blocks (32 code bytes) per step, decoded as in the AVX2 row (one `pshufb` per
-/// nibble half from a table of E2M1 values as FP16 high bytes), then each block's even and
+/// Four blocks (32 code bytes) per step, decoded as in the AVX2 row
+/// (`cpu_avx2::e2m1_fp16_words`), then each block's even and
 /// odd FP16 codes are put side by side (`vperm2i128`) so that one 16-lane `vcvtph2ps`
 /// gives the block in the split layout of `x`: `acc_j += (q·x)·s_b` per lane (the
 /// products are exact; one FMA rounding each), four accumulators `acc_j`, `j = b % 4`,
@@ -156,40 +157,12 @@ pub(super) unsafe fn row_nvfp4_t1(
     x: &[[f32; 16]],
     groups: usize,
 ) -> f32 {
-    // E2M1 code → the high byte of the same value in FP16 (as in the AVX2 row).
-    let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0x00,
-        0x38,
-        0x3C,
-        0x3E,
-        0x40,
-        0x42,
-        0x44,
-        0x46,
-        0x80u8 as i8,
-        0xB8u8 as i8,
-        0xBCu8 as i8,
-        0xBEu8 as i8,
-        0xC0u8 as i8,
-        0xC2u8 as i8,
-        0xC4u8 as i8,
-        0xC6u8 as i8,
-    ));
-    let mask = _mm256_set1_epi8(0x0F);
-    let zero = _mm256_setzero_si256();
     let mut acc = [_mm512_setzero_ps(); 4];
     let c = codes.as_ptr().cast::<u8>();
     let xp = x.as_ptr().cast::<f32>();
     for g in 0..groups {
         // SAFETY (all pointer reads): in bounds by the caller's contract.
-        let v = unsafe { _mm256_loadu_si256(c.add(32 * g).cast()) };
-        let ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
-        let qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
-        // FP16 words (byte << 8). 128-bit lane 0 holds blocks 0, 1, lane 1 blocks 2, 3.
-        let e02 = _mm256_unpacklo_epi8(zero, ql);
-        let e13 = _mm256_unpackhi_epi8(zero, ql);
-        let o02 = _mm256_unpacklo_epi8(zero, qh);
-        let o13 = _mm256_unpackhi_epi8(zero, qh);
+        let [e02, e13, o02, o13] = unsafe { e2m1_fp16_words(c.add(32 * g)) };
         // Block j's 8 even then 8 odd codes.
         let q = [
             _mm256_permute2x128_si256::<0x20>(e02, o02),
