@@ -127,6 +127,15 @@ impl DiffLinear {
     }
 }
 
+/// The outputs of `ls` on `x`, concatenated along the features (q|k|v, gate|up).
+fn forward_cat(ls: &[DiffLinear], x: &Tensor, round: bool) -> candle_core::Result<Tensor> {
+    let ys = ls
+        .iter()
+        .map(|l| l.forward(x, round))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&ys, D::Minus1)
+}
+
 /// One decoder block's weights for the differentiable forward.
 #[derive(Debug, Clone)]
 pub struct BlockParams {
@@ -210,12 +219,7 @@ impl BlockParams {
         let n_rep = nh / nkv;
         let dev = x.device();
         let h = self.rms_norm(x, attn_norm)?;
-        let ys = self
-            .qkv
-            .iter()
-            .map(|l| l.forward(&h, r))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let qkv = Tensor::cat(&ys, D::Minus1)?;
+        let qkv = forward_cat(&self.qkv, &h, r)?;
         let heads = |start: usize, n: usize| -> candle_core::Result<Tensor> {
             qkv.narrow(1, start * hd, n * hd)?
                 .reshape((t, n, hd))?
@@ -266,12 +270,7 @@ impl BlockParams {
             .reshape((t, nh * hd))?;
         let x = (x + self.o.forward(&y, r)?)?;
         let h = self.rms_norm(&x, mlp_norm)?;
-        let ys = self
-            .gate_up
-            .iter()
-            .map(|l| l.forward(&h, r))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let gu = Tensor::cat(&ys, D::Minus1)?;
+        let gu = forward_cat(&self.gate_up, &h, r)?;
         let i = gu.dim(1)? / 2;
         let m = bf16(&(gu.narrow(1, 0, i)?.silu()? * gu.narrow(1, i, i)?)?, r)?;
         Ok((x + self.down.forward(&m, r)?)?)
