@@ -78,6 +78,18 @@ __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0
 
 constexpr int SROW = 144, TT = 32, STAGE = TT * SROW;  // 4608 B per warp stage
 
+// XOR of one 144-byte stage row (the consumer of the per-head variants).
+__device__ __forceinline__ uint32_t xor_slot_row(const uint8_t* p) {
+    const uint4* row = reinterpret_cast<const uint4*>(p);
+    uint32_t acc = 0;
+#pragma unroll
+    for (int c = 0; c < 9; ++c) {
+        uint4 v = row[c];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    return acc;
+}
+
 template <int NW, int NST>
 __global__ void __launch_bounds__(NW * 32, 1) k_cpasync(Args a) {
     extern __shared__ __align__(128) uint8_t smem[];
@@ -115,12 +127,7 @@ __global__ void __launch_bounds__(NW * 32, 1) k_cpasync(Args a) {
         cp_commit();
         cp_wait<NST - 1>();
         __syncwarp();
-        const uint4* row = reinterpret_cast<const uint4*>(st + (it % NST) * STAGE + lane * SROW);
-#pragma unroll
-        for (int c = 0; c < 9; ++c) {
-            uint4 v = row[c];
-            acc ^= v.x ^ v.y ^ v.z ^ v.w;
-        }
+        acc ^= xor_slot_row(st + (it % NST) * STAGE + lane * SROW);
         __syncwarp();
     }
     sink_if(acc, a.sink);
@@ -189,12 +196,7 @@ __global__ void __launch_bounds__(NW * 32, 1) k_tma_head(const __grid_constant__
     for (int it = 0; it < cnt; ++it) {
         if (lane == 0 && it + NST - 1 < cnt) issue(it + NST - 1);
         mbar_wait(wb + it % NST, (it / NST) & 1);
-        const uint4* row = reinterpret_cast<const uint4*>(st + (it % NST) * STAGE + lane * SROW);
-#pragma unroll
-        for (int c = 0; c < 9; ++c) {
-            uint4 v = row[c];
-            acc ^= v.x ^ v.y ^ v.z ^ v.w;
-        }
+        acc ^= xor_slot_row(st + (it % NST) * STAGE + lane * SROW);
         __syncwarp();
     }
     sink_if(acc, a.sink);

@@ -376,7 +376,7 @@ pub(crate) fn kv_attention_cuda(
             "{OP}: row_stream needs an UltraQuant cache with head_dim 128, at most 4 query heads per KV head, a multiple of {ROW_STREAM_HEADS} KV heads and an sm_90+ GPU; here head_dim {d}, {group} query heads per KV head, {} KV heads",
             sh.kv_heads
         ),
-        Some(r) => r && rows_ok,
+        Some(r) => r,
         // Opt-in: on the H200 it is slower than the per-head kernel at every measured point
         // (its copy alone runs at 82 % of copy bandwidth at 32k × 8, but its math alone takes
         // 93 µs there: docs/benchmarks.md).
