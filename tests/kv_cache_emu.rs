@@ -3,12 +3,13 @@
 //! (see `tests/kv_cache_emu/emu.h` for what is emulated and how).
 //!
 //! Needs a C++20 compiler (`$CXX`, else `c++`); skipped with a message when there is none.
-//! Ignored by default (about a minute on two cores):
+//! Ignored by default (about three minutes on two cores):
 //! `cargo test --test kv_cache_emu -- --ignored --nocapture`.
 //!
 //! Cases: head_dim 64/128/256 × (kv_heads, group) ∈ {(3, 4), (2, 6), (1, 1), (4, 3), (2, 9)},
 //! batch 2 with lengths 39 and 82 (prompts by `append_seq`, then two batch appends), splits
-//! 1, 2 and 5, UltraQuant and BF16 caches.
+//! 1, 2 and 5 (merged by the combine kernel, and for 2 and 5 also by the attention kernel's
+//! last CTA), UltraQuant and BF16 caches.
 
 mod kv_cache_common;
 
@@ -137,6 +138,11 @@ fn kernels_match_cpu_under_emulation() {
     )
     .unwrap();
     std::fs::write(dir.join("emu.h"), include_str!("kv_cache_emu/emu.h")).unwrap();
+    std::fs::write(
+        dir.join("nvfp4_decode.cuh"),
+        include_str!("kv_cache_emu/nvfp4_decode.cuh"),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("inc/cuda_bf16.h"),
         include_str!("kv_cache_emu/cuda_bf16.h"),

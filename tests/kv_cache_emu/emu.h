@@ -24,6 +24,8 @@ struct dim3 { unsigned x = 1, y = 1, z = 1; };
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 struct float2 { float x, y; };
+struct alignas(16) uint4 { uint32_t x, y, z, w; };
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 
 #define __device__
@@ -137,6 +139,25 @@ inline void cp_async16(void* dst, const void* src, uint32_t n) {
     if (n) std::memcpy(dst, src, n);
 }
 inline void cp_async_commit() {}
+// Row streaming's mbarriers and bulk copies: compiled, never run here (CFP4_BULK = 0 traps).
+#define CFP4_BULK 0
+inline void mbar_init(uint64_t*, uint32_t) {}
+inline void mbar_init_fence() {}
+inline void mbar_arrive(uint64_t*) {}
+inline void mbar_arrive_expect_tx(uint64_t*, uint32_t) {}
+inline void mbar_wait(uint64_t*, uint32_t) {}
+inline void bulk_g2s(void* dst, const void* src, uint32_t n, uint64_t*) { std::memcpy(dst, src, n); }
+inline uint32_t opaque(uint32_t x) { return x; }
+inline const uint8_t* opaque(const uint8_t* x) { return x; }
+inline uint32_t pack_u16(uint32_t lo, uint32_t hi) { return lo + (hi << 16); }
+// ex2.approx.ftz.f32: 2^x (exact here, not approximate), subnormal results flushed to +0.
+inline float ex2_ftz(float x) {
+    const float y = std::exp2(x);
+    return std::fabs(y) < 1.17549435e-38f ? 0.f : y;
+}
+inline float __ldcg(const float* p) { return *p; }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <int N> inline void cp_async_wait() {}
 inline uint32_t dynamic_smem_size() { return uint32_t(g_dyn_bytes); }
 

@@ -30,12 +30,13 @@ template <class T> std::vector<T> rd(const std::string& p) {
 float bf(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 double ulp(double x) { x = std::fabs(x); if (x < 1.17549435e-38) return std::ldexp(1.0, -133); return std::ldexp(1.0, int(std::floor(std::log2(x))) - 7); }
 
+// Mirrors Cfg in kernels/ultraquant.cu (and attn_config in src/cuda/kv.rs).
 void attn_config(bool fp4, int d, int nt, int& nw, size_t& smem) {
-    nw = fp4 ? (d == 256 ? 4 : 8) : (d == 256 ? 2 : 4);
-    int nstage = fp4 ? 3 : 2; int slot = d + d / 16;
+    nw = fp4 ? (d == 256 ? 4 : (nt == 1 ? 16 : 8)) : (d == 256 ? 2 : 4);
+    int nstage = fp4 && nw != 16 ? 3 : 2; int tpi = fp4 ? 2 : 1; int slot = d + d / 16;
     int gcd16 = slot % 16 == 0 ? 16 : slot % 8 == 0 ? 8 : 4;
     int srow = fp4 ? (slot + (16 - gcd16) + 15) / 16 * 16 : 4 * d + 16;
-    int hc = 4 * nt; size_t stages = size_t(nw) * nstage * 16 * srow, redo = size_t(nw) * hc * d * 4;
+    int hc = 4 * nt; size_t stages = size_t(nw) * nstage * 16 * tpi * srow, redo = size_t(nw) * hc * d * 4;
     smem = std::max(stages, redo) + hc * d * 4 + 2 * nw * hc * 4;
 }
 using AttnFn = void (*)(KvAttnParams);
@@ -100,18 +101,23 @@ int main(int argc, char** argv) {
             auto want = rd<uint16_t>(p + (fp4 ? "_ouq.bin" : "_obf.bin"));
             int nt = (g <= 4 || d == 256) ? 1 : 2; int chunks = (g + 4 * nt - 1) / (4 * nt);
             int nw; size_t smem; attn_config(fp4, d, nt, nw, smem);
-            for (int splits : {1, 2, 5}) {
+            // splits merged by the combine kernel (counters null) or by the attention
+            // kernel's last CTA per head group (counters zeroed, as the host does per call)
+            for (int fused = 0; fused < 2; ++fused) for (int splits : {1, 2, 5}) {
+                if (fused && splits == 1) continue;
                 std::vector<uint16_t> out(size_t(batch) * qh * d, 0xFFFF);
                 std::vector<float> po(size_t(batch) * qh * splits * d), pm(size_t(batch) * qh * splits * 2);
+                std::vector<uint32_t> ctr(size_t(batch) * kh * chunks, 0);
                 size_t half = kvb.size() / 2;
                 KvAttnParams ap{q.data(), fp4 ? (const void*)cache.data() : (const void*)kvb.data(), fp4 ? nullptr : (const void*)(kvb.data() + half),
-                                lens.data(), out.data(), po.data(), pm.data(), 1.4426950408889634f / std::sqrt(float(d)), qh, kh, g, cap, splits, d, 0};
+                                lens.data(), out.data(), po.data(), pm.data(), 1.4426950408889634f / std::sqrt(float(d)), qh, kh, g, cap, splits, d,
+                                /*win*/ 0, fused ? ctr.data() : nullptr, /*split_base*/ 0, /*part_splits*/ splits, /*late_wait*/ 0, 0};
                 emu_launch(attn_fn(fp4, d, nt), dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, nw * 32, smem, ap);
-                if (splits > 1) {
+                if (splits > 1 && !fused) {
                     KvCombineParams cp{po.data(), pm.data(), out.data(), qh, splits, d, 0};
                     emu_launch(cfp4_kv_combine, dim3{unsigned(qh), unsigned(batch), 1}, 128, 0, cp);
                 }
-                char what[64]; snprintf(what, 64, "%s attention splits=%d", fp4 ? "uq" : "bf16", splits);
+                char what[64]; snprintf(what, 64, "%s attention splits=%d%s", fp4 ? "uq" : "bf16", splits, fused ? " fused" : "");
                 compare_out(what, out, want);
             }
         }
