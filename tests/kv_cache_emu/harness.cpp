@@ -14,14 +14,9 @@
 #include "emu.h"
 #include "ultraquant.cuh"
 
-#define DECL(name, P) extern "C" void name(P);
-DECL(cfp4_uq_store_d64, UqStoreParams) DECL(cfp4_uq_store_d128, UqStoreParams) DECL(cfp4_uq_store_d256, UqStoreParams)
-DECL(cfp4_uq_read_d64, UqReadParams) DECL(cfp4_uq_read_d128, UqReadParams) DECL(cfp4_uq_read_d256, UqReadParams)
-DECL(cfp4_kv_attn_uq_d64_nt1, KvAttnParams) DECL(cfp4_kv_attn_uq_d64_nt2, KvAttnParams)
-DECL(cfp4_kv_attn_uq_d128_nt1, KvAttnParams) DECL(cfp4_kv_attn_uq_d128_nt2, KvAttnParams) DECL(cfp4_kv_attn_uq_d256_nt1, KvAttnParams)
-DECL(cfp4_kv_attn_bf16_d64_nt1, KvAttnParams) DECL(cfp4_kv_attn_bf16_d64_nt2, KvAttnParams)
-DECL(cfp4_kv_attn_bf16_d128_nt1, KvAttnParams) DECL(cfp4_kv_attn_bf16_d128_nt2, KvAttnParams) DECL(cfp4_kv_attn_bf16_d256_nt1, KvAttnParams)
-DECL(cfp4_kv_combine, KvCombineParams)
+// The kernels themselves (the emulated source, same translation unit: the harness takes the
+// attention kernels' launch configuration from their Cfg instead of restating it).
+#include "ultraquant_emu.cu"
 
 template <class T> std::vector<T> rd(const std::string& p) {
     std::ifstream f(p, std::ios::binary); std::vector<char> b((std::istreambuf_iterator<char>(f)), {});
@@ -30,21 +25,18 @@ template <class T> std::vector<T> rd(const std::string& p) {
 float bf(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 double ulp(double x) { x = std::fabs(x); if (x < 1.17549435e-38) return std::ldexp(1.0, -133); return std::ldexp(1.0, int(std::floor(std::log2(x))) - 7); }
 
-// Mirrors Cfg in kernels/ultraquant.cu (and attn_config in src/cuda/kv.rs).
-void attn_config(bool fp4, int d, int nt, int& nw, size_t& smem) {
-    nw = fp4 ? (d == 256 ? 4 : (nt == 1 ? 16 : 8)) : (d == 256 ? 2 : 4);
-    int nstage = fp4 && nw != 16 ? 3 : 2; int tpi = fp4 ? 2 : 1; int slot = d + d / 16;
-    int gcd16 = slot % 16 == 0 ? 16 : slot % 8 == 0 ? 8 : 4;
-    int srow = fp4 ? (slot + (16 - gcd16) + 15) / 16 * 16 : 4 * d + 16;
-    int hc = 4 * nt; size_t stages = size_t(nw) * nstage * 16 * tpi * srow, redo = size_t(nw) * hc * d * 4;
-    smem = std::max(stages, redo) + hc * d * 4 + 2 * nw * hc * 4;
+// The attention kernel for (fp4, d, nt), its warps and its dynamic shared memory (Cfg).
+struct AttnKernel { void (*fn)(KvAttnParams); int nw; size_t smem; };
+template <bool FP4, int D, int NT> AttnKernel attn_kernel(void (*fn)(KvAttnParams)) {
+    return {fn, Cfg<FP4, D, NT>::NW, size_t(Cfg<FP4, D, NT>::SMEM)};
 }
-using AttnFn = void (*)(KvAttnParams);
-AttnFn attn_fn(bool fp4, int d, int nt) {
-    if (fp4) { if (d == 64) return nt == 1 ? cfp4_kv_attn_uq_d64_nt1 : cfp4_kv_attn_uq_d64_nt2;
-               if (d == 128) return nt == 1 ? cfp4_kv_attn_uq_d128_nt1 : cfp4_kv_attn_uq_d128_nt2; return cfp4_kv_attn_uq_d256_nt1; }
-    if (d == 64) return nt == 1 ? cfp4_kv_attn_bf16_d64_nt1 : cfp4_kv_attn_bf16_d64_nt2;
-    if (d == 128) return nt == 1 ? cfp4_kv_attn_bf16_d128_nt1 : cfp4_kv_attn_bf16_d128_nt2; return cfp4_kv_attn_bf16_d256_nt1;
+AttnKernel attn_kernel(bool fp4, int d, int nt) {
+    if (fp4) { if (d == 64) return nt == 1 ? attn_kernel<true, 64, 1>(cfp4_kv_attn_uq_d64_nt1) : attn_kernel<true, 64, 2>(cfp4_kv_attn_uq_d64_nt2);
+               if (d == 128) return nt == 1 ? attn_kernel<true, 128, 1>(cfp4_kv_attn_uq_d128_nt1) : attn_kernel<true, 128, 2>(cfp4_kv_attn_uq_d128_nt2);
+               return attn_kernel<true, 256, 1>(cfp4_kv_attn_uq_d256_nt1); }
+    if (d == 64) return nt == 1 ? attn_kernel<false, 64, 1>(cfp4_kv_attn_bf16_d64_nt1) : attn_kernel<false, 64, 2>(cfp4_kv_attn_bf16_d64_nt2);
+    if (d == 128) return nt == 1 ? attn_kernel<false, 128, 1>(cfp4_kv_attn_bf16_d128_nt1) : attn_kernel<false, 128, 2>(cfp4_kv_attn_bf16_d128_nt2);
+    return attn_kernel<false, 256, 1>(cfp4_kv_attn_bf16_d256_nt1);
 }
 
 int failures = 0;
@@ -100,7 +92,7 @@ int main(int argc, char** argv) {
         for (int fp4 = 1; fp4 >= 0; --fp4) {
             auto want = rd<uint16_t>(p + (fp4 ? "_ouq.bin" : "_obf.bin"));
             int nt = (g <= 4 || d == 256) ? 1 : 2; int chunks = (g + 4 * nt - 1) / (4 * nt);
-            int nw; size_t smem; attn_config(fp4, d, nt, nw, smem);
+            const AttnKernel ak = attn_kernel(fp4, d, nt);
             // splits merged by the combine kernel (counters null) or by the attention
             // kernel's last CTA per head group (counters zeroed, as the host does per call)
             for (int fused = 0; fused < 2; ++fused) for (int splits : {1, 2, 5}) {
@@ -112,7 +104,7 @@ int main(int argc, char** argv) {
                 KvAttnParams ap{q.data(), fp4 ? (const void*)cache.data() : (const void*)kvb.data(), fp4 ? nullptr : (const void*)(kvb.data() + half),
                                 lens.data(), out.data(), po.data(), pm.data(), 1.4426950408889634f / std::sqrt(float(d)), qh, kh, g, cap, splits, d,
                                 /*win*/ 0, fused ? ctr.data() : nullptr, /*split_base*/ 0, /*part_splits*/ splits, /*late_wait*/ 0, 0};
-                emu_launch(attn_fn(fp4, d, nt), dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, nw * 32, smem, ap);
+                emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, ap);
                 if (splits > 1 && !fused) {
                     KvCombineParams cp{po.data(), pm.data(), out.data(), qh, splits, d, 0};
                     emu_launch(cfp4_kv_combine, dim3{unsigned(qh), unsigned(batch), 1}, 128, 0, cp);
