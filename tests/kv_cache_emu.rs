@@ -122,7 +122,7 @@ fn emulated_source() -> String {
 }
 
 #[test]
-#[ignore = "about a minute; run with --ignored"]
+#[ignore = "about three minutes; run with --ignored"]
 fn kernels_match_cpu_under_emulation() {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
     if Command::new(&cxx).arg("--version").output().is_err() {
