@@ -270,12 +270,11 @@ fn main() -> R<()> {
             .collect::<R<_>>()?;
         for m in [1usize, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
-            for (split, xs) in [(1usize, false), (1, true), (2, false), (4, false)] {
+            for split in [1usize, 2, 4] {
                 let o = GemvOptions {
                     silu_mul: silu,
                     pdl: true,
                     split: Some(split),
-                    x_in_smem: Some(xs),
                     ..Default::default()
                 };
                 let f = |i: usize| {
@@ -283,13 +282,11 @@ fn main() -> R<()> {
                 };
                 match gpu_time(&dev, (sets * 4).max(32), 9, f) {
                     Ok(ms) => sweep.push(format!(
-                        "{n}x{k} m={m} split={split} x_in_smem={xs}: {:.2} us ({:.0} GB/s)",
+                        "{n}x{k} m={m} split={split}: {:.2} us ({:.0} GB/s)",
                         ms * 1e3,
                         fp4_bytes as f64 / (ms * 1e-3) / 1e9
                     )),
-                    Err(e) => {
-                        sweep.push(format!("{n}x{k} m={m} split={split} x_in_smem={xs}: {e}"))
-                    }
+                    Err(e) => sweep.push(format!("{n}x{k} m={m} split={split}: {e}")),
                 }
             }
         }

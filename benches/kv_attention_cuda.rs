@@ -3,9 +3,7 @@
 //! Shape: head_dim 128, 8 KV heads, 32 query heads (GQA 4:1), batch 1 and 8, contexts 1k to
 //! 128k (every sequence full). For each point:
 //! * `fp4`: `UltraQuantCache::decode_attention` (split-KV flash decoding, a CTA per KV head,
-//!   splits merged by the attention kernel's last CTA per head group), and beside it
-//!   `FP4 row-stream` (`row_stream: Some(true)`: a CTA per 8 KV heads streaming whole token
-//!   rows with bulk copies, splits merged by the combine kernel);
+//!   splits merged by the attention kernel's last CTA per head group);
 //! * `bf16 kernel`: `Bf16Cache::decode_attention`, the same kernel reading BF16 K/V;
 //! * `candle`: candle's matmul + softmax path on a BF16 cache in the layout candle models
 //!   use (`[batch, kv_heads, ctx, 128]`, q grouped per KV head so no K/V repeat):
@@ -150,7 +148,6 @@ struct Row {
     bf16k_us: f64,
     candle_us: f64,
     candle_eager_us: f64,
-    fp4_rows_us: f64,
 }
 
 /// One replica: the FP4 and BF16 caches holding the same random K/V, and the candle-layout
@@ -213,16 +210,6 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
     let q = Tensor::randn(0f32, 1.0, (batch, Q_HEADS, HEAD_DIM), dev)?.to_dtype(DType::BF16)?;
 
     let fp4_us = graph_us(dev, n_rep, |i| Ok(reps[i].fp4.decode_attention(&q)?))?;
-    // The row-streaming UltraQuant kernel (8 KV heads per CTA, opt-in) beside the default.
-    let fp4_rows_us = graph_us(dev, n_rep, |i| {
-        Ok(reps[i].fp4.decode_attention_with(
-            &q,
-            &DecodeOptions {
-                row_stream: Some(true),
-                ..Default::default()
-            },
-        )?)
-    })?;
     // (FP4, BF16 kernel) GPU µs with launch options `opts`.
     let both_us = |opts: &DecodeOptions| -> Result<(f64, f64)> {
         let us = graph_us(dev, n_rep, |i| {
@@ -295,7 +282,6 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
         ctx,
         batch,
         fp4_us,
-        fp4_rows_us,
         fp4_gbs: bytes as f64 / (fp4_us * 1e-6) / 1e9,
         fp4_eager_us,
         bf16k_us,
@@ -340,18 +326,17 @@ fn main() -> Result<()> {
         "GPU us from graph replays (eager: one call incl. host dispatch); x = BF16 time / FP4 time"
     );
     println!(
-        "| ctx | batch | FP4 us | FP4 GB/s | % copy | FP4 row-stream us | FP4 eager us | BF16 kernel us | x | candle BF16 us | x | candle eager us |"
+        "| ctx | batch | FP4 us | FP4 GB/s | % copy | FP4 eager us | BF16 kernel us | x | candle BF16 us | x | candle eager us |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.1} | {:.0} | {:.0}% | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} |",
+            "| {} | {} | {:.1} | {:.0} | {:.0}% | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} |",
             r.ctx,
             r.batch,
             r.fp4_us,
             r.fp4_gbs,
             100.0 * r.fp4_gbs / copy,
-            r.fp4_rows_us,
             r.fp4_eager_us,
             r.bf16k_us,
             r.bf16k_us / r.fp4_us,

@@ -187,14 +187,9 @@ struct Acc {
 // Multiplies one stage into the accumulators. Word w (8 k values) of a row gives 4 A
 // registers (pairs), feeding two MMAs; x is read (L1-resident after the first CTA on
 // the SM) for the same k in the same pairing, all loads of the chunk issued first.
-// x staged in shared memory (XS variants): [token][chunk][16 pieces of 8 bf16], pieces in
-// the weights' pair order, at a swizzled index so the 8 threads of a 16-byte
-// shared-memory phase (two tokens x four t) hit 8 different bank groups.
-__device__ __forceinline__ int xs_piece(int piece, int tok) { return piece ^ (piece >> 3) ^ ((tok & 1) << 1); }
-
-template <int NT, bool FP4, bool XS>
+template <int NT, bool FP4>
 __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bool tail, const Stage<FP4>& st,
-                                              Acc<NT>& acc, int set0, int g, int t, const uint4* xs, int nchunks) {
+                                              Acc<NT>& acc, int set0, int g, int t) {
     const int nwords = tail ? 2 : 4;
     uint4 xl[NT][4];
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
@@ -205,12 +200,8 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             xl[j][w] = make_uint4(0, 0, 0, 0);
-            if (tok < p.m && (!tail || w < 2)) {
-                if (XS)
-                    xl[j][w] = xs[(tok * nchunks + chunk) * 16 + xs_piece(tail ? 2 * t + w : 4 * t + w, tok)];
-                else
-                    xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
-            }
+            if (tok < p.m && (!tail || w < 2))
+                xl[j][w] = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kbase + w * 8));
         }
     }
     uint32_t sc[2][2];
@@ -239,7 +230,7 @@ __device__ __forceinline__ void compute_stage(const GemvParams& p, int chunk, bo
         for (int j = 0; j < NT; ++j) {
             uint32_t b[4];
             const uint32_t nat[4] = {xl[j][w].x, xl[j][w].y, xl[j][w].z, xl[j][w].w};
-            if (FP4 && !XS) {
+            if (FP4) {
                 pair_like_weights(nat, b);
             } else {
 #pragma unroll
@@ -293,11 +284,10 @@ __host__ __device__ constexpr int stages() { return FP4 ? (NT == 4 ? 3 : 6) : (N
 // (chunks w, w + WARPS, ...; items past the last chunk are empty), keeping U items in
 // flight across tile boundaries so the pipeline never drains between tiles. At the end
 // of a tile the warps meet in shared memory (double-buffered) and warp 0 writes it.
-template <int NT, bool SILU, bool FP4, bool XS>
+template <int NT, bool SILU, bool FP4>
 __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
     constexpr int U = stages<NT, FP4>();
     __shared__ float4 red[2][WARPS][NT][32];
-    extern __shared__ uint4 xs_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t = lane & 3;
     const int nfull = p.k / CHUNK;
@@ -326,29 +316,6 @@ __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
         advance_load();
     }
     griddep_wait();  // x is written by the previous kernel
-    if (XS) {
-        // The whole x, once per CTA (reused by every tile it owns).
-        const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
-        const int per_tok = nchunks * 16;
-        for (int idx = threadIdx.x; idx < p.m * per_tok; idx += THREADS) {
-            const int tok = idx / per_tok, rem = idx % per_tok;
-            const int c = rem / 16, piece = rem % 16;
-            const int kpos = c * CHUNK + piece * 8;
-            uint32_t v[4] = {0, 0, 0, 0};
-            if (kpos < p.k) {
-                const uint4 q = __ldg(reinterpret_cast<const uint4*>(xb + size_t(tok) * p.x_stride + kpos));
-                const uint32_t nat[4] = {q.x, q.y, q.z, q.w};
-                if (FP4) {
-                    pair_like_weights(nat, v);
-                } else {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) v[r] = nat[r];
-                }
-            }
-            xs_smem[(tok * nchunks + c) * 16 + xs_piece(piece, tok)] = make_uint4(v[0], v[1], v[2], v[3]);
-        }
-        __syncthreads();
-    }
 
     Acc<NT> acc;
     acc.zero();
@@ -359,7 +326,7 @@ __device__ __forceinline__ void gemv_persistent(const GemvParams& p) {
             if (i0 + u >= items) break;
             const int c = warp + ci * WARPS;
             if (c < nchunks)
-                compute_stage<NT, FP4, XS>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t, xs_smem, nchunks);
+                compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
             const int cn = warp + li * WARPS;
             if (i0 + u + U < items && cn < nchunks) load_stage<FP4>(lrp, cn, cn == nfull, t, st[u]);
             advance_load();
@@ -466,10 +433,10 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
     if (rank == 0 && warp == 0) epilogue<NT, SILU, FP4>(p, rows, red[0], lane, t);
 }
 
-template <int NT, int SPLIT, bool SILU, bool FP4, bool XS>
+template <int NT, int SPLIT, bool SILU, bool FP4>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     if constexpr (SPLIT == 1) {
-        gemv_persistent<NT, SILU, FP4, XS>(p);
+        gemv_persistent<NT, SILU, FP4>(p);
     } else {
         gemv_split<NT, SPLIT, SILU, FP4>(p);
     }
@@ -481,40 +448,20 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 // SM for the light variants, 3 or 2 for the heavier ones.
 constexpr int min_blocks(int nt, bool fp4) { return fp4 ? (nt <= 2 ? 4 : 2) : (nt <= 2 ? 3 : 2); }
 
-// Split-1 kernels also exist as NAME_xs: x staged once per CTA in dynamic shared memory.
 #define CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)                                                                 \
     extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME(const __grid_constant__ GemvParams p) { \
-        gemv_body<NT, SPLIT, SILU, FP4, false>(p);                                                               \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(THREADS, min_blocks(NT, FP4)) NAME##_xs(const __grid_constant__ GemvParams p) { \
-        if constexpr (SPLIT == 1) gemv_body<NT, SPLIT, SILU, FP4, true>(p);                                      \
+        gemv_body<NT, SPLIT, SILU, FP4>(p);                                                                      \
     }
 
-#define CFP4_GEMV_SPLITS(NT, SILU, FP4, TAG)                                \
-    CFP4_GEMV(NT, 1, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s1)              \
-    CFP4_GEMV(NT, 2, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s2)              \
-    CFP4_GEMV(NT, 4, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s4)              \
-    CFP4_GEMV(NT, 8, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s8)
-
+// sm_80/sm_89 have no clusters: only split 1 exists in those images.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define CFP4_ALL_SPLITS CFP4_GEMV_SPLITS
+#define CFP4_CLUSTERS 1
 #else
-// sm_80/sm_89: no clusters; only SPLIT = 1 exists in this image.
-#define CFP4_ALL_SPLITS(NT, SILU, FP4, TAG) CFP4_GEMV(NT, 1, SILU, FP4, cfp4_gemv_##TAG##_nt##NT##_s1)
+#define CFP4_CLUSTERS 0
 #endif
 
-CFP4_ALL_SPLITS(1, false, true, fp4)
-CFP4_ALL_SPLITS(2, false, true, fp4)
-CFP4_ALL_SPLITS(4, false, true, fp4)
-CFP4_ALL_SPLITS(1, true, true, fp4silu)
-CFP4_ALL_SPLITS(2, true, true, fp4silu)
-CFP4_ALL_SPLITS(4, true, true, fp4silu)
-CFP4_ALL_SPLITS(1, false, false, bf16)
-CFP4_ALL_SPLITS(2, false, false, bf16)
-CFP4_ALL_SPLITS(4, false, false, bf16)
-CFP4_ALL_SPLITS(1, true, false, bf16silu)
-CFP4_ALL_SPLITS(2, true, false, bf16silu)
-CFP4_ALL_SPLITS(4, true, false, bf16silu)
+// Every variant of src/variants.rs (generated by build.rs).
+#include "gemv_instances.inc"
 
 // Exact BF16 rows: out[n, k] = e2m1 * e4m3. One thread per 8 codes (one 32-bit word).
 extern "C" __global__ void __launch_bounds__(256) cfp4_dequantize_rows(const __grid_constant__ DequantParams p) {

@@ -267,59 +267,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t 
     const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
 }
-// Row streaming (sm_90+; the kernels that use these trap in the sm_80 image): mbarriers and
-// the bulk (TMA) global -> shared copy, completion counted in bytes on an mbarrier.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define CFP4_BULK 1
-#else
-#define CFP4_BULK 0
-#endif
-#if CFP4_BULK
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-#endif
-__device__ __forceinline__ void mbar_init(uint64_t* m, uint32_t count) {
-#if CFP4_BULK
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(m)), "r"(count) : "memory");
-#endif
-}
-// Makes initialized mbarriers visible to the async proxy (the bulk copies).
-__device__ __forceinline__ void mbar_init_fence() {
-#if CFP4_BULK
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* m) {
-#if CFP4_BULK
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(m)) : "memory");
-#endif
-}
-// One arrival that also expects `bytes` more transaction bytes in the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* m, uint32_t bytes) {
-#if CFP4_BULK
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)), "r"(bytes) : "memory");
-#endif
-}
-// Waits until the phase with parity `parity` of m has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* m, uint32_t parity) {
-#if CFP4_BULK
-    asm volatile(
-        "{\n .reg .pred done;\n WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(m)),
-        "r"(parity)
-        : "memory");
-#endif
-}
-// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to
-// this CTA's shared memory, completing `bytes` transaction bytes on m.
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* m) {
-#if CFP4_BULK
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(m))
-        : "memory");
-#endif
-}
 // x, opaque to the compiler: a loop-invariant it can no longer rematerialize inside the
 // loop from the thread index (it did, at 40 instructions per iteration).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
@@ -432,44 +379,7 @@ struct Cfg {
     static constexpr int REDO_BYTES = NW * HC * D * 4;
     static constexpr int QS_OFF = STAGES_BYTES > REDO_BYTES ? STAGES_BYTES : REDO_BYTES;
     static constexpr int RED_OFF = QS_OFF + HC * D * 4;
-    static constexpr int SMEM = RED_OFF + 2 * NW * HC * 4;  // mirrored by src/cuda/kv.rs
-};
-
-// Row streaming (UltraQuant, D = 128, one head chunk, kv_heads a multiple of 8; sm_90+): a CTA
-// serves HB = 8 adjacent KV heads, so per token it needs HB adjacent slots, HB * SLOT
-// contiguous bytes (1,088 at D = 128) of the token row. Its 16 warps form NWH = 2 groups;
-// group w streams 32-token stages (tiles w, w + 2, ... of the CTA's range) of those row
-// chunks with one bulk copy per token row (issued by the group's first warp, one row per
-// lane) into shared rows of SRS bytes (row stride / 4 = 20 mod 32 words: the same
-// conflict-free loads as SROW), and warp w * HB + h consumes head h's slots of each stage.
-// Stages are handed over by mbarriers: full[w][s] (one arrival with the bytes expected,
-// completed by the copies) and empty[w][s] (one arrival per consuming warp). The per-head
-// strided gather of the other kernels reaches ~70 % of copy bandwidth on the H200, whole-row
-// streams ~100 % (benches/cuda/kv_read_ceiling.cu). Opt-in (DecodeOptions::row_stream): on
-// the H200 its copy alone reaches 82 % of copy bandwidth at 32k x 8, but its math alone takes
-// 93 us there (the per-head kernel, whose copy hides the same math, 99 us in full), and both
-// together 124 us (docs/benchmarks.md).
-template <int D, int NT>
-struct RowsCfg {
-    using C = Cfg<true, D, NT>;
-    static_assert(D == 128 && NT == 1 && C::NW == 16 && C::TPI == 2, "row streaming: D = 128, NT = 1");
-    static constexpr int HB = 8;                   // KV heads per CTA
-    static constexpr int NWH = C::NW / HB;         // warps per head = warp groups
-    static constexpr int RB = HB * C::SLOT;        // bytes of a token row chunk
-    static constexpr int SRS = RB + 16;            // shared row stride
-    static constexpr int TT = 16 * C::TPI;         // tokens per stage
-    static constexpr int GSTAGE = TT * SRS;        // one group's stage
-    // Stages per group: 3, so two are in flight while one is consumed (the group's warps
-    // release a stage together; with 2 the copy of the next stage started only when the
-    // slowest warp was done with the previous one).
-    static constexpr int NST = 3;
-    static constexpr int STAGES_BYTES = NWH * NST * GSTAGE;
-    static constexpr int REDO_BYTES = C::NW * C::HC * D * 4;
-    static constexpr int QS_OFF = STAGES_BYTES > REDO_BYTES ? STAGES_BYTES : REDO_BYTES;
-    static constexpr int RED_OFF = QS_OFF + HB * C::HC * D * 4;
-    static constexpr int BAR_OFF = RED_OFF + 2 * C::NW * C::HC * 4;
-    static constexpr int SMEM = BAR_OFF + 2 * NWH * NST * 8;  // mirrored by src/cuda/kv.rs
-    static_assert(RB % 16 == 0 && SRS % 16 == 0 && (SRS / 4) % 8 == 4 && BAR_OFF % 8 == 0, "row layout");
+    static constexpr int SMEM = RED_OFF + 2 * NW * HC * 4;  // read by the host through cfp4_kv_attn_configs
 };
 
 // V codes / V scales offsets in an UltraQuant slot.
@@ -579,7 +489,7 @@ struct StageCopy<false, D, NT> {
 template <int D, int HC, int THREADS>
 __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, int nh, float* w) {
     const int S = p.part_splits;
-    float* lsum = w + nh * S;  // nh <= HC, or HB * group with row streaming
+    float* lsum = w + nh * S;  // nh <= HC
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int j = warp; j < nh; j += THREADS / 32) {
         const float* ml = p.part_ml + 2 * (qh0 + j) * S;
@@ -616,24 +526,12 @@ __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, 
     }
 }
 
-template <bool FP4, int D, int NT, bool ROWS = false>
+template <bool FP4, int D, int NT>
 __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     using C = Cfg<FP4, D, NT>;
-    // Row streaming (see RowsCfg): HB KV heads per CTA; otherwise one.
-    using R = RowsCfg<ROWS ? D : 128, 1>;
-    static_assert(!ROWS || (FP4 && D == 128 && NT == 1), "row streaming: UltraQuant, D = 128, NT = 1");
-    constexpr int HB = ROWS ? R::HB : 1;
-    constexpr int NWH = C::NW / HB;                   // warps per KV head
-    constexpr int RS = ROWS ? R::SRS : C::SROW;       // shared bytes per stage row
-    constexpr int SMEM = ROWS ? R::SMEM : C::SMEM;
-    constexpr int QS_OFF = ROWS ? R::QS_OFF : C::QS_OFF;
-    constexpr int RED_OFF = ROWS ? R::RED_OFF : C::RED_OFF;
+    constexpr int RS = C::SROW;  // shared bytes per stage row
     extern __shared__ __align__(16) uint8_t smem[];
-    if (dynamic_smem_size() < uint32_t(SMEM) || p.head_dim != D || blockDim.x != C::THREADS) __trap();
-    if constexpr (ROWS) {
-        // sm_90+ only; HB heads of one head chunk per CTA.
-        if (!CFP4_BULK || p.kv_heads % HB != 0 || p.group > C::HC || int(gridDim.y) * HB != p.kv_heads) __trap();
-    }
+    if (dynamic_smem_size() < uint32_t(C::SMEM) || p.head_dim != D || blockDim.x != C::THREADS) __trap();
     // q, lens and the newest slots come from the previous kernels. A late_wait launch (the
     // exact window's ring, queued after the UltraQuant launch of the same call) overlaps the
     // launch before it: it starts once every CTA of that launch is running, i.e. past its
@@ -643,12 +541,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     griddep_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x;
-    // KV heads kvb .. kvb + HB - 1; warp = wh * HB + hw serves head kvb + hw as the wh-th of
-    // its NWH warps (HB = 1: wh = warp).
-    const int hw = ROWS ? warp % HB : 0, wh = ROWS ? warp / HB : warp;
-    const int kvb = ROWS ? int(blockIdx.y) * HB : int(blockIdx.y) % p.kv_heads;
-    const int hc = ROWS ? 0 : int(blockIdx.y) / p.kv_heads;
-    const int kvh = kvb + hw;
+    const int kvh = int(blockIdx.y) % p.kv_heads;
+    const int hc = int(blockIdx.y) / p.kv_heads;
     const int b = blockIdx.z;
     // Tokens this launch attends over: all, or with an exact window of the last `win` tokens
     // in a BF16 ring, the UltraQuant slots before it / the ring rows.
@@ -658,7 +552,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const int per = (((len + p.splits - 1) / p.splits) + TT - 1) / TT * TT;
     const int t0 = min(split * per, len), t1 = min(t0 + per, len);
     const int ntiles = (t1 - t0 + TT - 1) / TT;
-    const int cnt = wh < ntiles ? (ntiles - 1 - wh) / NWH + 1 : 0;
+    const int cnt = warp < ntiles ? (ntiles - 1 - warp) / C::NW + 1 : 0;
     const uint8_t* kb = static_cast<const uint8_t*>(p.k);
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
@@ -669,7 +563,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const StageCopy<FP4, D, NT> copy(first0, p.kv_heads, lane);
     // cp.async of this warp's stage `it` into stage buffer `buf`.
     auto issue = [&](uint8_t* buf, int it) {
-        const int tb = t0 + TT * (wh + it * NWH);
+        const int tb = t0 + TT * (warp + it * C::NW);
         if constexpr (FP4) {
             if (tb + TT <= t1) {
                 copy.load(buf, first0 + size_t(it) * step, lane);
@@ -679,58 +573,22 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         load_tile<FP4, D, NT>(buf, kb, vb, row0, p.kv_heads, tb, t1, lane);
     };
 
-    // Row streaming: stage s of group wh, its mbarriers, and the bulk copy of a stage by the
-    // group's first warp (hw == 0): lane i copies token row i's chunk of heads kvb .. (rows
-    // past t1 are zero-filled instead: stale bytes could hold a V scale of 2^128).
-    uint8_t* const gst = smem + wh * R::NST * R::GSTAGE;
-    uint64_t* const bar_full = reinterpret_cast<uint64_t*>(smem + R::BAR_OFF) + wh * R::NST;
-    uint64_t* const bar_empty = reinterpret_cast<uint64_t*>(smem + R::BAR_OFF) + (R::NWH + wh) * R::NST;
-    auto produce = [&](int it) {
-        const int s = it % R::NST;
-        const int tb = t0 + TT * (wh + it * NWH);
-        const int nvalid = min(max(t1 - tb, 0), TT);
-        uint8_t* row = gst + s * R::GSTAGE + lane * R::SRS;
-        if (lane >= nvalid) {
-            for (int c = 0; c < R::RB / 16; ++c) reinterpret_cast<uint4*>(row)[c] = make_uint4(0u, 0u, 0u, 0u);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive_expect_tx(bar_full + s, uint32_t(nvalid * R::RB));
-        __syncwarp();
-        if (lane < nvalid) {
-            const size_t slot = (size_t(b) * p.capacity + size_t(tb + lane)) * p.kv_heads + kvb;
-            bulk_g2s(row, kb + slot * C::SLOT, uint32_t(R::RB), bar_full + s);
-        }
-    };
-    if constexpr (ROWS) {
-        if (threadIdx.x == 0) {
-            uint64_t* bars = reinterpret_cast<uint64_t*>(smem + R::BAR_OFF);  // full[NWH][NST], empty[NWH][NST]
-            for (int i = 0; i < 2 * R::NWH * R::NST; ++i) mbar_init(bars + i, i < R::NWH * R::NST ? 1u : uint32_t(HB));
-            mbar_init_fence();
-        }
-        __syncthreads();
-    }
-
     // Start streaming before the query is prepared.
 #pragma unroll
-    for (int s = 0; s < (ROWS ? R::NST : C::NSTAGE) - 1; ++s) {
-        if constexpr (ROWS) {
-            if (hw == 0 && s < cnt) produce(s);
-        } else {
-            if (s < cnt) issue(stages + s * C::STAGE, s);
-            cp_async_commit();
-        }
+    for (int s = 0; s < C::NSTAGE - 1; ++s) {
+        if (s < cnt) issue(stages + s * C::STAGE, s);
+        cp_async_commit();
     }
 
     // Queries of this CTA's heads (zeros past the group), rotated like K for UltraQuant.
     // Row r = HC * (head of the CTA) + j.
-    float* qs = reinterpret_cast<float*>(smem + QS_OFF);
+    float* qs = reinterpret_cast<float*>(smem + C::QS_OFF);
     const int head0 = hc * C::HC;
-    for (int idx = threadIdx.x; idx < HB * C::HC * D; idx += C::THREADS) {
-        const int r = idx / D, d = idx - r * D;
-        const int j = ROWS ? r % C::HC : r;
+    for (int idx = threadIdx.x; idx < C::HC * D; idx += C::THREADS) {
+        const int j = idx / D, d = idx - j * D;
         float x = 0.f;
         if (head0 + j < p.group) {
-            const size_t qh = size_t(kvb + (ROWS ? r / C::HC : 0)) * p.group + head0 + j;
+            const size_t qh = size_t(kvh) * p.group + head0 + j;
             x = __bfloat162float(static_cast<const __nv_bfloat16*>(p.q)[(size_t(b) * p.q_heads + qh) * D + d]);
         }
         qs[idx] = x;
@@ -740,7 +598,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         const float r = inv_sqrt2();
 #pragma unroll 1
         for (int h = 1; h < D; h <<= 1) {
-            for (int idx = threadIdx.x; idx < HB * C::HC * D / 2; idx += C::THREADS) {
+            for (int idx = threadIdx.x; idx < C::HC * D / 2; idx += C::THREADS) {
                 const int j = idx / (D / 2), pi = idx - j * (D / 2);
                 const int lo = (pi / h) * 2 * h + (pi % h);
                 float* row = qs + j * D;
@@ -762,7 +620,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         for (int ks = 0; ks < C::KS; ++ks) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float* row = qs + (hw * C::HC + 4 * nt + (g >> 1)) * D;
+                const float* row = qs + (4 * nt + (g >> 1)) * D;
                 const int d0 = kd0<FP4>(ks, t);
                 const int d1 = d0 + kH1<FP4>;
                 qb[ks][nt][0] = split_part(row[d0] * qbias, lo) | (split_part(row[d0 + kE1<FP4>] * qbias, lo) << 16);
@@ -788,9 +646,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     // included; the same in every stage, see StageCopy): rows g, 2t and 2t + 1 (their + 8,
     // + 16 and + 24 rows have the same slot offsets).
     auto row_off = [&](int i) -> uint32_t {
-        if constexpr (ROWS) {
-            return uint32_t(i * RS + hw * C::SLOT);  // rows are 16-byte aligned, slots 8-byte
-        } else if constexpr (FP4) {
+        if constexpr (FP4) {
             return uint32_t(i * C::SROW) + StageCopy<FP4, D, NT>::slot_mis(first0, i, p.kv_heads);
         } else {
             return uint32_t(i * C::SROW);
@@ -800,25 +656,13 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
 
 #pragma unroll 1
     for (int it = 0; it < cnt; ++it) {
-        const uint8_t* buf;
-        if constexpr (ROWS) {
-            const int nx = it + R::NST - 1;
-            if (hw == 0 && nx < cnt) {
-                // its previous use, iteration nx - NST, is consumed by every warp of the group
-                if (nx >= R::NST) mbar_wait(bar_empty + nx % R::NST, uint32_t(nx / R::NST - 1) & 1u);
-                produce(nx);
-            }
-            mbar_wait(bar_full + it % R::NST, uint32_t(it / R::NST) & 1u);
-            buf = gst + (it % R::NST) * R::GSTAGE;
-        } else {
-            const int nx = it + C::NSTAGE - 1;
-            if (nx < cnt) issue(stages + (nx % C::NSTAGE) * C::STAGE, nx);
-            cp_async_commit();
-            cp_async_wait<C::NSTAGE - 1>();
-            __syncwarp();
-            buf = stages + (it % C::NSTAGE) * C::STAGE;
-        }
-        const int tb0 = t0 + TT * (wh + it * NWH);
+        const int nx = it + C::NSTAGE - 1;
+        if (nx < cnt) issue(stages + (nx % C::NSTAGE) * C::STAGE, nx);
+        cp_async_commit();
+        cp_async_wait<C::NSTAGE - 1>();
+        __syncwarp();
+        const uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
+        const int tb0 = t0 + TT * (warp + it * C::NW);
         const bool full = tb0 + TT <= t1;  // warp-uniform: no token of the stage is masked
         const uint8_t* bg = buf + off_g;  // rows g (+ 8, + 16, + 24)
         const uint8_t* ba = buf + off_a;  // rows 2t (+ 8, + 16, + 24)
@@ -985,16 +829,13 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
         __syncwarp();  // the buffer is refilled next iteration
-        if constexpr (ROWS) {
-            if (lane == 0) mbar_arrive(bar_empty + it % R::NST);
-        }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stage buffers (reused below)
 
     // ---- merge the warps
     float* red_o = reinterpret_cast<float*>(smem);
-    float* red_m = reinterpret_cast<float*>(smem + RED_OFF);
+    float* red_m = reinterpret_cast<float*>(smem + C::RED_OFF);
     float* red_l = red_m + C::NW * C::HC;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -1016,17 +857,16 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     }
     __syncthreads();
     const float unbias = FP4 ? 0x1p62f : 1.f;
-    for (int idx = threadIdx.x; idx < HB * C::HC * D; idx += C::THREADS) {
-        const int r = idx / D, d = idx - r * D;
-        const int j = ROWS ? r % C::HC : r, hh = ROWS ? r / C::HC : 0;  // head kvb + hh: warps hh, hh + HB, ...
+    for (int idx = threadIdx.x; idx < C::HC * D; idx += C::THREADS) {
+        const int j = idx / D, d = idx - j * D;
         if (head0 + j >= p.group) continue;
         float mm = neg_inf();
 #pragma unroll
-        for (int w = hh; w < C::NW; w += HB) mm = fmaxf(mm, red_m[w * C::HC + j]);
+        for (int w = 0; w < C::NW; ++w) mm = fmaxf(mm, red_m[w * C::HC + j]);
         float ll = 0.f, acc = 0.f;
         if (mm != neg_inf()) {
 #pragma unroll
-            for (int w = hh; w < C::NW; w += HB) {
+            for (int w = 0; w < C::NW; ++w) {
                 const float mw = red_m[w * C::HC + j];
                 const float f = mw == neg_inf() ? 0.f : exp2f(mw - mm);
                 ll += f * red_l[w * C::HC + j];
@@ -1034,7 +874,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
         acc *= unbias;
-        const size_t qh = size_t(b) * p.q_heads + size_t(kvb + hh) * p.group + head0 + j;
+        const size_t qh = size_t(b) * p.q_heads + size_t(kvh) * p.group + head0 + j;
         if (p.part_splits == 1) {
             static_cast<__nv_bfloat16*>(p.out)[qh * D + d] = __float2bfloat16_rn(ll > 0.f ? acc / ll : 0.f);
         } else {
@@ -1060,10 +900,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         __syncthreads();
         if (!last) return;
         __threadfence();
-        // Row streaming: the HB heads' groups are consecutive (head0 = 0, group <= HC).
-        merge_splits<D, HB * C::HC, C::THREADS>(p, size_t(b) * p.q_heads + size_t(kvb) * p.group + head0,
-                                                ROWS ? HB * p.group : min(C::HC, p.group - head0),
-                                                reinterpret_cast<float*>(smem));
+        merge_splits<D, C::HC, C::THREADS>(p, size_t(b) * p.q_heads + size_t(kvh) * p.group + head0,
+                                           min(C::HC, p.group - head0), reinterpret_cast<float*>(smem));
     }
 }
 
@@ -1077,37 +915,27 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         read_body<D>(p);                                                                                \
     }
 
-CFP4_UQ_FORMAT(64)
-CFP4_UQ_FORMAT(128)
-CFP4_UQ_FORMAT(256)
-
-#define CFP4_KV_ATTN(FP4, TAG, D, NT)                                                                   \
+#define CFP4_KV_ATTN(FP4, NAME, D, NT)                                                                  \
     extern "C" __global__ void __launch_bounds__(Cfg<FP4, D, NT>::THREADS, Cfg<FP4, D, NT>::MINB)           \
-        cfp4_kv_attn_##TAG##_d##D##_nt##NT(const __grid_constant__ KvAttnParams p) {                    \
+        NAME(const __grid_constant__ KvAttnParams p) {                                                  \
         attn_body<FP4, D, NT>(p);                                                                       \
         if (p.late_wait) griddep_wait();                                                                \
     }
 
-CFP4_KV_ATTN(true, uq, 64, 1)
-CFP4_KV_ATTN(true, uq, 64, 2)
-CFP4_KV_ATTN(true, uq, 128, 1)
-CFP4_KV_ATTN(true, uq, 128, 2)
-CFP4_KV_ATTN(true, uq, 256, 1)
-// Row streaming (RowsCfg): UltraQuant, D = 128, up to 4 query heads per KV head.
-extern "C" __global__ void __launch_bounds__(Cfg<true, 128, 1>::THREADS, 1)
-    cfp4_kv_attn_uqrows_d128_nt1(const __grid_constant__ KvAttnParams p) {
-    attn_body<true, 128, 1, true>(p);
-    if (p.late_wait) griddep_wait();
+// Every variant of src/variants.rs (generated by build.rs), and cfp4_kv_attn_configs, which
+// hands each attention kernel's Cfg (warps, shared memory) to the host.
+#include "ultraquant_instances.inc"
+
+// Lengths update (KvLensParams): after the store, so the store reads the old lengths. It
+// waits for the kernel before it (PDL) and lets the next one start early.
+extern "C" __global__ void __launch_bounds__(32) cfp4_kv_lens_update(const __grid_constant__ KvLensParams p) {
+    griddep_wait();
+    griddep_launch_dependents();
+    const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= p.n_seq) return;
+    uint32_t* l = p.lens + p.seq_base + i;
+    *l = (p.add ? *l : 0u) + uint32_t(p.value);
 }
-CFP4_KV_ATTN(false, bf16, 64, 1)
-CFP4_KV_ATTN(false, bf16, 64, 2)
-CFP4_KV_ATTN(false, bf16, 80, 1)
-CFP4_KV_ATTN(false, bf16, 80, 2)
-CFP4_KV_ATTN(false, bf16, 96, 1)
-CFP4_KV_ATTN(false, bf16, 96, 2)
-CFP4_KV_ATTN(false, bf16, 128, 1)
-CFP4_KV_ATTN(false, bf16, 128, 2)
-CFP4_KV_ATTN(false, bf16, 256, 1)
 
 // Largest split count the combine kernel takes (host clamps to it).
 #define CFP4_KV_MAX_SPLITS 1024

@@ -82,3 +82,13 @@ struct KvCombineParams {
     int head_dim;            // offset 32
     int _pad;                // offset 36
 };                           // size 40
+
+// In-place update of the per-sequence lengths (a decode step allocates nothing):
+// lens[seq_base + i] = (add ? lens[seq_base + i] : 0) + value, i < n_seq. One thread each.
+struct KvLensParams {
+    uint32_t* lens;          // offset  0: [batch]
+    int seq_base;            // offset  8
+    int n_seq;               // offset 12
+    int value;               // offset 16
+    int add;                 // offset 20
+};                           // size 24

@@ -104,6 +104,17 @@ pub(crate) struct KvCombineParams {
     pub pad: i32,
 }
 
+/// `KvLensParams` of `kernels/ultraquant.cuh` (in-place update of the cache lengths).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvLensParams {
+    pub lens: u64,
+    pub seq_base: i32,
+    pub n_seq: i32,
+    pub value: i32,
+    pub add: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +246,15 @@ mod tests {
                 "kernels/ultraquant.cuh lost `{needle}`"
             );
         }
+    }
+
+    #[test]
+    fn kv_lens_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(KvLensParams, lens), 0);
+        assert_eq!(offset_of!(KvLensParams, seq_base), 8);
+        assert_eq!(offset_of!(KvLensParams, n_seq), 12);
+        assert_eq!(offset_of!(KvLensParams, value), 16);
+        assert_eq!(offset_of!(KvLensParams, add), 20);
+        assert_eq!(size_of::<KvLensParams>(), 24);
     }
 }

@@ -21,8 +21,15 @@ mod cuda;
 pub mod gemv;
 mod kernel_params;
 pub mod kv_cache;
+mod layout;
 pub mod nvfp4;
 pub mod quant_config;
 pub mod quant_linear;
 pub mod tables;
 pub mod ultraquant;
+/// The one list of compiled kernel variants and kernel images: GEMV token tiles and cluster
+/// splits, decode-attention head_dims and query-head tiles, GPU architectures. `build.rs`
+/// generates every `extern "C"` instantiation of `kernels/*.cu` and the image embedding
+/// from it, and the planners read the same constants: adding a tile, a head_dim or an
+/// architecture is one edit there.
+pub mod variants;

@@ -21,28 +21,15 @@
 
 mod forward;
 mod load;
+mod plan;
 
-use crate::gemv::{K_ALIGN, MAX_M};
 use crate::nvfp4::{
     swizzle_blockscale_bytes, swizzled_shape, unswizzle_blockscale_bytes, Nvfp4Quantized,
     BLOCK_SIZE,
 };
 use candle_core::{bail, DType, Device, Result, Tensor};
-
-/// Whether a projection of `m` tokens with in-features `k` should run the GEMV rather
-/// than a matmul.
-///
-/// * never for `m = 0`, `m > 32` ([`MAX_M`]) or `k` not a multiple of 64 ([`K_ALIGN`]);
-/// * on CPU always otherwise: the GEMV dequantizes rows on the fly, a matmul would need a
-///   full dequantized copy of the weight per call;
-/// * on a GPU only when the tuned table has a tile for this shape (`tuned_nt`, from
-///   [`pick_nt`](crate::tables::pick_nt)).
-pub fn use_gemv(on_cpu: bool, tuned_nt: Option<usize>, m: usize, k: usize) -> bool {
-    if m == 0 || m > MAX_M || k == 0 || !k.is_multiple_of(K_ALIGN) {
-        return false;
-    }
-    on_cpu || tuned_nt.is_some()
-}
+pub use plan::use_gemv;
+use plan::Plans;
 
 /// The weight of a [`QuantLinear`].
 #[derive(Debug, Clone)]
@@ -59,27 +46,16 @@ enum Weight {
 }
 
 /// A linear layer `y = x·Wᵀ + b` with an NVFP4 or BF16 weight `[N, K]`; see the module
-/// docs for the numerics. Constructing one on a CUDA device makes that device's tuned
-/// GEMV table the active one ([`activate`](crate::tables::activate)).
+/// docs for the numerics. Which path runs for each token count is decided once, when the
+/// layer is built on its device, from that device's tuned table ([`use_gemv`]); on a GPU
+/// the GEMV launches are planned then too, so `forward` looks nothing up.
 #[derive(Debug, Clone)]
 pub struct QuantLinear {
     weight: Weight,
     bias: Option<Tensor>,
     n: usize,
     k: usize,
-}
-
-/// Makes the tuned GEMV table of a GPU device the active one (once per architecture).
-fn activate_tables(device: &Device) -> Result<()> {
-    if device.is_cpu() {
-        return Ok(());
-    }
-    if let Some(arch) = crate::tables::device_arch(device)? {
-        if crate::tables::active_table().arch != arch {
-            crate::tables::activate(device)?;
-        }
-    }
-    Ok(())
+    plans: Plans,
 }
 
 /// A bias checked to be `[n]`, as BF16 on `device`.
@@ -114,7 +90,6 @@ impl QuantLinear {
                 q.global_scale
             );
         }
-        activate_tables(device)?;
         let s = k / BLOCK_SIZE;
         let swz = swizzle_blockscale_bytes(&q.weight_scale, n, s)?;
         let codes = Tensor::from_slice(&q.weight, (n, k / 2), device)?;
@@ -128,6 +103,7 @@ impl QuantLinear {
             bias: prepare_bias(bias, n, device)?,
             n,
             k,
+            plans: Plans::new(device, n, k, true)?,
         })
     }
 
@@ -147,12 +123,12 @@ impl QuantLinear {
             );
         }
         let device = weight.device().clone();
-        activate_tables(&device)?;
         Ok(Self {
             weight: Weight::Bf16(weight.to_dtype(DType::BF16)?.contiguous()?),
             bias: prepare_bias(bias, n, &device)?,
             n,
             k,
+            plans: Plans::new(&device, n, k, false)?,
         })
     }
 

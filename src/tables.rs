@@ -12,16 +12,18 @@
 //!   "entries": [ { "n": 4096, "k": 4096, "silu_mul": false, "bf16": false, "nts": [1, 2] } ] }
 //! ```
 
-use candle_core::{bail, Device, Result};
+use crate::variants::GEMV_NTS;
+use candle_core::{bail, Device, DeviceLocation, Result};
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Environment variable overriding the embedded tables: a folder with `<arch>.json` files
 /// or the path of one table file.
 pub const TABLES_ENV: &str = "CANDLE_FP4_TABLES";
 
 /// Token-tile counts the kernels are built for (`8·nt` tokens each).
-pub const NT_CHOICES: [usize; 3] = [1, 2, 4];
+pub const NT_CHOICES: [usize; 3] = GEMV_NTS;
 
 /// One tuned shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,7 +62,7 @@ impl TunedTable {
         let t: TunedTable = serde_json::from_str(text)
             .map_err(|e| candle_core::Error::Msg(format!("tuned table {origin}: {e}")))?;
         for e in &t.entries {
-            if e.n == 0 || e.k == 0 || e.k % crate::gemv::K_ALIGN != 0 {
+            if e.n == 0 || e.k == 0 || e.k % 64 != 0 {
                 bail!(
                     "tuned table {origin}: entry n = {}, k = {} is not a valid GEMV shape",
                     e.n,
@@ -93,7 +95,7 @@ impl TunedTable {
         silu_mul: bool,
         bf16: bool,
     ) -> Option<usize> {
-        if m == 0 || m > crate::gemv::MAX_M {
+        if m == 0 || m > 8 * GEMV_NTS[GEMV_NTS.len() - 1] {
             return None;
         }
         let e = self.entry(n, k, silu_mul, bf16)?;
@@ -155,54 +157,53 @@ pub fn load_table(arch: &str) -> Result<TunedTable> {
     }
 }
 
-fn active() -> &'static RwLock<Option<Arc<TunedTable>>> {
-    static ACTIVE: OnceLock<RwLock<Option<Arc<TunedTable>>>> = OnceLock::new();
-    ACTIVE.get_or_init(|| RwLock::new(None))
-}
-
 /// The architecture tag of a device: `sm90` for compute capability 9.0, `None` on CPU.
 pub fn device_arch(device: &Device) -> Result<Option<String>> {
     match device {
         Device::Cpu => Ok(None),
         #[cfg(feature = "cuda")]
-        Device::Cuda(d) => Ok(Some(crate::cuda::arch_tag(d)?)),
+        Device::Cuda(d) => Ok(Some(crate::cuda::facts(d)?.arch.clone())),
         _ => bail!("candle-fp4: only CPU and CUDA devices are supported, got {device:?}"),
     }
 }
 
-/// Makes the table of `device`'s architecture the one [`pick_nt`] and [`tuned`] read.
-/// [`QuantLinear`](crate::quant_linear::QuantLinear) calls it when it loads onto a GPU.
-/// On CPU it clears the active table.
-pub fn activate(device: &Device) -> Result<Arc<TunedTable>> {
-    let table = Arc::new(match device_arch(device)? {
-        Some(arch) => load_table(&arch)?,
-        None => TunedTable::default(),
-    });
-    let mut guard = active()
-        .write()
-        .map_err(|_| candle_core::Error::Msg("tuned table lock poisoned".into()))?;
-    *guard = Some(table.clone());
-    Ok(table)
+/// The tuned table of `device` (its architecture's, see [`load_table`]), loaded on the first
+/// call per device and kept; empty on CPU. Each device has its own: a process with GPUs of
+/// two architectures uses both tables. Takes a lock: for planning, at load.
+pub fn for_device(device: &Device) -> Result<Arc<TunedTable>> {
+    type Cache = Mutex<HashMap<DeviceLocation, Arc<TunedTable>>>;
+    static TABLES: OnceLock<Cache> = OnceLock::new();
+    let Some(arch) = device_arch(device)? else {
+        return Ok(Arc::new(TunedTable::default()));
+    };
+    let cache = TABLES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut c = cache
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("tuned table cache: poisoned lock".into()))?;
+    if let Some(t) = c.get(&device.location()) {
+        return Ok(t.clone());
+    }
+    let t = Arc::new(load_table(&arch)?);
+    c.insert(device.location(), t.clone());
+    Ok(t)
 }
 
-/// The active table (empty until [`activate`] ran for a GPU).
-pub fn active_table() -> Arc<TunedTable> {
-    active()
-        .read()
-        .ok()
-        .and_then(|g| g.clone())
-        .unwrap_or_default()
+/// The smallest tuned token tile `nt` (8·nt tokens) with `8·nt ≥ m` for this shape on
+/// `device`'s table, or `None`: use matmul.
+pub fn pick_nt(
+    device: &Device,
+    n: usize,
+    k: usize,
+    m: usize,
+    silu_mul: bool,
+    bf16: bool,
+) -> Result<Option<usize>> {
+    Ok(for_device(device)?.pick_nt(n, k, m, silu_mul, bf16))
 }
 
-/// The smallest tuned token tile `nt` (8·nt tokens) with `8·nt ≥ m` for this shape on the
-/// active GPU, or `None`: use matmul.
-pub fn pick_nt(n: usize, k: usize, m: usize, silu_mul: bool, bf16: bool) -> Option<usize> {
-    active_table().pick_nt(n, k, m, silu_mul, bf16)
-}
-
-/// Whether the active GPU's table has an entry for this shape.
-pub fn tuned(n: usize, k: usize, silu_mul: bool, bf16: bool) -> bool {
-    active_table().tuned(n, k, silu_mul, bf16)
+/// Whether `device`'s table has an entry for this shape.
+pub fn tuned(device: &Device, n: usize, k: usize, silu_mul: bool, bf16: bool) -> Result<bool> {
+    Ok(for_device(device)?.tuned(n, k, silu_mul, bf16))
 }
 
 /// Loads the kernels and runs each tuned variant of this shape once on `device`, so the
@@ -218,9 +219,8 @@ pub fn warmup(
     if device.is_cpu() {
         return Ok(());
     }
-    activate(device)?;
-    let table = active_table();
-    for nt in NT_CHOICES {
+    let table = for_device(device)?;
+    for nt in GEMV_NTS {
         if table.pick_nt(n, k, 8 * nt, silu_mul, bf16) != Some(nt) {
             continue;
         }

@@ -22,6 +22,12 @@ use rand::SeedableRng;
 use std::path::Path;
 use std::process::Command;
 
+/// The kernel variant list build.rs generates the instantiations from.
+#[allow(dead_code)]
+mod variants {
+    include!("../src/variants.rs");
+}
+
 fn write<T: Copy>(path: &Path, x: &[T]) {
     // SAFETY: plain-old-data slices (u8, u32, bf16) viewed as bytes.
     let bytes =
@@ -132,6 +138,12 @@ fn kernels_match_cpu_under_emulation() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kv_cache_emu");
     std::fs::create_dir_all(dir.join("inc")).unwrap();
     std::fs::write(dir.join("ultraquant_emu.cu"), emulated_source()).unwrap();
+    // The kernels' instantiations, generated from src/variants.rs as build.rs does.
+    std::fs::write(
+        dir.join("ultraquant_instances.inc"),
+        variants::kv_instances(),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("ultraquant.cuh"),
         include_str!("../kernels/ultraquant.cuh"),

@@ -1,5 +1,6 @@
-//! Module cache per device, device facts, and `cuLaunchKernelEx` with cluster and PDL
-//! attributes (cudarc's launch builder has neither).
+//! Module and function cache per device, and `cuLaunchKernelEx` with cluster and PDL
+//! attributes (cudarc's launch builder has neither). The caches take a lock: they are for
+//! planning (at load); a planned launch holds its `CudaFunction` and calls [`launch`] only.
 
 use super::images::{Image, KernelFile};
 use candle_core::cuda_backend::cudarc::driver::{
@@ -18,49 +19,10 @@ fn ctx_key(dev: &CudaDevice) -> usize {
     dev.cuda_stream().context().cu_ctx() as usize
 }
 
-fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
-    dev.cuda_stream()
-        .context()
-        .attribute(a)
-        .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
-}
-
-/// `(major, minor)` compute capability of the device, queried once per context (every
-/// op launch needs it to pick the kernel image).
-pub(crate) fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
-    use sys::CUdevice_attribute::*;
-    static CC: OnceLock<Mutex<HashMap<usize, (i32, i32)>>> = OnceLock::new();
-    let cache = CC.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = ctx_key(dev);
-    if let Some(cc) = cache
-        .lock()
-        .map_err(|_| cuda_err("compute capability cache", "poisoned lock"))?
-        .get(&key)
-    {
-        return Ok(*cc);
-    }
-    let cc = (
-        attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-        attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-    );
-    cache
-        .lock()
-        .map_err(|_| cuda_err("compute capability cache", "poisoned lock"))?
-        .insert(key, cc);
-    Ok(cc)
-}
-
-/// `sm90`, `sm100`, `sm89`, ...: the tuned-table tag of the device.
-pub fn arch_tag(dev: &CudaDevice) -> Result<String> {
-    let (ma, mi) = compute_capability(dev)?;
-    Ok(format!("sm{ma}{mi}"))
-}
-
 /// What one device has loaded of one kernel file in one image.
 pub(crate) struct Loaded {
     pub image: Image,
-    pub sms: usize,
-    module: Arc<CudaModule>,
+    pub module: Arc<CudaModule>,
     funcs: Mutex<HashMap<String, (CudaFunction, u32)>>,
 }
 
@@ -90,6 +52,24 @@ impl Loaded {
     }
 }
 
+impl Loaded {
+    /// [`Loaded::function`], with `smem` bytes of dynamic shared memory allowed on it.
+    pub(crate) fn function_with_smem(&self, name: &str, smem: usize) -> Result<CudaFunction> {
+        let (f, _) = self.function(name)?;
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| {
+            cuda_err(
+                &format!("cuFuncSetAttribute(max dynamic shared memory) of {name}"),
+                e,
+            )
+        })?;
+        Ok(f)
+    }
+}
+
 type Cache = Mutex<HashMap<(usize, Image, KernelFile), Arc<Loaded>>>;
 
 fn cache() -> &'static Cache {
@@ -106,7 +86,7 @@ pub(crate) fn module(dev: &CudaDevice, file: KernelFile, image: Image) -> Result
     if let Some(l) = c.get(&key) {
         return Ok(l.clone());
     }
-    let bytes = image.bytes(file);
+    let bytes = super::images::image_bytes(file, image);
     let ptx = if image.is_ptx() {
         let text =
             std::str::from_utf8(bytes).map_err(|e| cuda_err("kernel PTX is not UTF-8", e))?;
@@ -119,13 +99,8 @@ pub(crate) fn module(dev: &CudaDevice, file: KernelFile, image: Image) -> Result
         .context()
         .load_module(ptx)
         .map_err(|e| cuda_err(&format!("loading {} ({image:?})", file.name()), e))?;
-    let sms = attribute(
-        dev,
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    )? as usize;
     let l = Arc::new(Loaded {
         image,
-        sms,
         module,
         funcs: Mutex::new(HashMap::new()),
     });
@@ -145,7 +120,8 @@ pub(crate) struct Launch {
 }
 
 /// Launches `f(params)` on `stream` with `cuLaunchKernelEx`, the kernel taking one
-/// `__grid_constant__` parameter block `P`.
+/// `__grid_constant__` parameter block `P`. Dynamic shared memory above 48 KiB must have
+/// been allowed on `f` when it was planned ([`Loaded::function_with_smem`]).
 ///
 /// # Safety
 /// `P` must match the kernel's parameter type, and every pointer in it must stay valid
@@ -156,29 +132,22 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(
     l: Launch,
     params: &P,
 ) -> Result<()> {
-    let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
+    // On the stack: a launch allocates nothing.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = [std::mem::zeroed(), std::mem::zeroed()];
+    let mut n_attrs = 0;
     if l.cluster > 1 {
-        let mut a: sys::CUlaunchAttribute = std::mem::zeroed();
+        let a = &mut attrs[n_attrs];
         a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
         a.value.clusterDim.x = l.cluster;
         a.value.clusterDim.y = 1;
         a.value.clusterDim.z = 1;
-        attrs.push(a);
+        n_attrs += 1;
     }
     if l.pdl {
-        let mut a: sys::CUlaunchAttribute = std::mem::zeroed();
+        let a = &mut attrs[n_attrs];
         a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         a.value.programmaticStreamSerializationAllowed = 1;
-        attrs.push(a);
-    }
-    if l.smem > 48 * 1024 {
-        sys::cuFuncSetAttribute(
-            f.cu_function(),
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            l.smem as i32,
-        )
-        .result()
-        .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
+        n_attrs += 1;
     }
     let cfg = sys::CUlaunchConfig {
         gridDimX: l.grid.0,
@@ -189,12 +158,12 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(
         blockDimZ: 1,
         sharedMemBytes: l.smem,
         hStream: stream.cu_stream(),
-        attrs: if attrs.is_empty() {
+        attrs: if n_attrs == 0 {
             std::ptr::null_mut()
         } else {
             attrs.as_mut_ptr()
         },
-        numAttrs: attrs.len() as u32,
+        numAttrs: n_attrs as u32,
     };
     let mut p = *params;
     let mut args = [&mut p as *mut P as *mut std::ffi::c_void];

@@ -1,11 +1,13 @@
-//! CUDA forwards of the ops (feature `cuda`): kernel images, module cache, launches.
+//! The CUDA runtime of the ops (feature `cuda`): the kernel images per architecture, the
+//! module and function cache per device, the device facts (queried once per device), and
+//! the one launch wrapper. The ops' CUDA forwards live beside the ops
+//! (`gemv/cuda.rs`, `kv_cache/cuda.rs`, `nvfp4/dequant_cuda.rs`); this folder imports none
+//! of them.
 
-mod gemv;
+mod device;
 mod images;
-mod kv;
 mod launch;
-mod scratch;
 
-pub(crate) use gemv::{bf16_gemv_cuda, dequantize_rows_cuda, nvfp4_gemv_cuda};
-pub(crate) use kv::{kv_attention_cuda, uq_read_cuda, uq_store_cuda};
-pub(crate) use launch::{arch_tag, compute_capability};
+pub(crate) use device::{facts, DeviceFacts};
+pub(crate) use images::{Image, KernelFile};
+pub(crate) use launch::{cuda_err, launch, module, Launch, Loaded};

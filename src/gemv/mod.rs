@@ -12,13 +12,15 @@
 //! the previous kernel's tail); it has no effect on the CPU.
 
 mod cpu;
-#[cfg(target_arch = "x86_64")]
-mod cpu_avx2;
-#[cfg(target_arch = "x86_64")]
-mod cpu_avx512;
-mod cpu_pool;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+mod options;
 
 pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
+#[cfg(feature = "cuda")]
+pub use options::GemvPlan;
+pub(crate) use options::Plan;
+pub use options::{GemvOptions, KernelImage};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use candle_core::{
@@ -98,72 +100,16 @@ fn contiguous_u8<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> Res
     }
 }
 
-/// Which compiled kernel image the CUDA forward uses.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum KernelImage {
-    /// The image built for the device: sm_90a cubin on Hopper, sm_100a on B200, sm_80
-    /// on Ampere/Ada, compute_90 PTX on other GPUs of compute capability ≥ 9.0.
-    #[default]
-    Auto,
-    /// The sm_80 code path (no clusters, no PDL), JIT-compiled from PTX: lets a Hopper
-    /// run and test what A100 / RTX 40xx users get.
-    Sm80,
-}
-
-/// Launch options of the GEMV ops. Only `silu_mul` changes the result; the others
-/// choose among equivalent kernels (CUDA only; the CPU ignores them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GemvOptions {
-    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
-    pub silu_mul: bool,
-    /// Programmatic dependent launch: weight loads overlap the previous kernel's tail.
-    pub pdl: bool,
-    /// Token tiles (8·nt tokens, nt ∈ {1, 2, 4}, 8·nt ≥ M); `None` = smallest that fits.
-    pub nt: Option<usize>,
-    /// CTAs of a thread-block cluster that split K (1, 2, 4, 8); `None` = heuristic.
-    pub split: Option<usize>,
-    /// Kernel image.
-    pub image: KernelImage,
-    /// Stage x once per CTA in shared memory (split 1, nt ≤ 2, when it fits in 96 KiB)
-    /// instead of reading it through L1 per chunk; `None` = off (slower on the H200).
-    pub x_in_smem: Option<bool>,
-}
-
-impl GemvOptions {
-    /// Options with the epilogue and PDL flags set, everything else automatic.
-    pub fn new(silu_mul: bool, pdl: bool) -> Self {
-        Self {
-            silu_mul,
-            pdl,
-            ..Default::default()
-        }
-    }
-
-    fn check(&self, op: &str, m: usize) -> Result<()> {
-        if let Some(nt) = self.nt {
-            if !crate::tables::NT_CHOICES.contains(&nt) || 8 * nt < m {
-                bail!("{op}: nt = {nt} must be 1, 2 or 4 with 8·nt ≥ M = {m}");
-            }
-        }
-        if let Some(s) = self.split {
-            if ![1, 2, 4, 8].contains(&s) {
-                bail!("{op}: split = {s} must be 1, 2, 4 or 8");
-            }
-            if s > 1 && self.image == KernelImage::Sm80 {
-                bail!("{op}: the sm_80 image has no clusters, split must be 1");
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The NVFP4 GEMV as a candle op: inputs `x`, `weight`, swizzled `weight_scale`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Nvfp4Gemv {
     /// FP32 per-tensor global scale (`weight_scale_2`).
     pub global_scale: f32,
     /// Launch options.
     pub opts: GemvOptions,
+    /// CUDA: the launch planned once for this weight (else planned per call).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) plan: Plan,
 }
 
 impl CustomOp3 for Nvfp4Gemv {
@@ -203,15 +149,34 @@ impl CustomOp3 for Nvfp4Gemv {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::nvfp4_gemv_cuda(self, s1, l1, s2, l2, s3, l3)
+        const OP: &str = "nvfp4_gemv";
+        let w = cuda::Weights::Fp4 {
+            codes: s2,
+            lc: l2,
+            scales: s3,
+            ls: l3,
+            gs: self.global_scale,
+        };
+        match &self.plan {
+            Some(p) => cuda::forward(OP, p, s1, l1, w),
+            None => {
+                let (m, k) = l1.shape().dims2()?;
+                let n = l2.shape().dims2()?.0;
+                let p = cuda::plan(s1.device(), true, n, k, self.opts.tile(m), &self.opts)?;
+                cuda::forward(OP, &p, s1, l1, w)
+            }
+        }
     }
 }
 
 /// The BF16 GEMV as a candle op: inputs `x`, `weight`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Bf16Gemv {
     /// Launch options.
     pub opts: GemvOptions,
+    /// CUDA: the launch planned once for this weight (else planned per call).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) plan: Plan,
 }
 
 impl CustomOp2 for Bf16Gemv {
@@ -248,7 +213,17 @@ impl CustomOp2 for Bf16Gemv {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::bf16_gemv_cuda(self, s1, l1, s2, l2)
+        const OP: &str = "bf16_gemv";
+        let w = cuda::Weights::Bf16 { w: s2, lw: l2 };
+        match &self.plan {
+            Some(p) => cuda::forward(OP, p, s1, l1, w),
+            None => {
+                let (m, k) = l1.shape().dims2()?;
+                let n = l2.shape().dims2()?.0;
+                let p = cuda::plan(s1.device(), false, n, k, self.opts.tile(m), &self.opts)?;
+                cuda::forward(OP, &p, s1, l1, w)
+            }
+        }
     }
 }
 
@@ -282,6 +257,18 @@ pub fn nvfp4_gemv_with(
     global_scale: f32,
     opts: &GemvOptions,
 ) -> Result<Tensor> {
+    nvfp4_gemv_planned(x, weight, weight_scale, global_scale, opts, Plan::default())
+}
+
+/// [`nvfp4_gemv_with`] launching `plan` (CUDA; made once for the weight) when given.
+pub(crate) fn nvfp4_gemv_planned(
+    x: &Tensor,
+    weight: &Tensor,
+    weight_scale: &Tensor,
+    global_scale: f32,
+    opts: &GemvOptions,
+    plan: Plan,
+) -> Result<Tensor> {
     const OP: &str = "nvfp4_gemv";
     let silu_mul = opts.silu_mul;
     let (m, k) = check_x(OP, x)?;
@@ -314,6 +301,7 @@ pub fn nvfp4_gemv_with(
     let op = Nvfp4Gemv {
         global_scale,
         opts: *opts,
+        plan,
     };
     x.apply_op3_no_bwd(&weight, &weight_scale, &op)
 }
@@ -326,6 +314,16 @@ pub fn bf16_gemv(x: &Tensor, weight: &Tensor, silu_mul: bool, pdl: bool) -> Resu
 
 /// [`bf16_gemv`] with explicit [`GemvOptions`].
 pub fn bf16_gemv_with(x: &Tensor, weight: &Tensor, opts: &GemvOptions) -> Result<Tensor> {
+    bf16_gemv_planned(x, weight, opts, Plan::default())
+}
+
+/// [`bf16_gemv_with`] launching `plan` (CUDA; made once for the weight) when given.
+pub(crate) fn bf16_gemv_planned(
+    x: &Tensor,
+    weight: &Tensor,
+    opts: &GemvOptions,
+    plan: Plan,
+) -> Result<Tensor> {
     const OP: &str = "bf16_gemv";
     let silu_mul = opts.silu_mul;
     let (m, k) = check_x(OP, x)?;
@@ -342,5 +340,6 @@ pub fn bf16_gemv_with(x: &Tensor, weight: &Tensor, opts: &GemvOptions) -> Result
         bail!("{OP}: x and weight must be on the same device");
     }
     let weight = weight.contiguous()?;
-    x.apply_op2_no_bwd(&weight, &Bf16Gemv { opts: *opts })
+    let op = Bf16Gemv { opts: *opts, plan };
+    x.apply_op2_no_bwd(&weight, &op)
 }

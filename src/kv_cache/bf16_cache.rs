@@ -1,10 +1,10 @@
 //! [`Bf16Cache`]: one layer's BF16 KV cache, the same interface as
 //! [`UltraQuantCache`](super::UltraQuantCache).
 
+use super::lengths::Lengths;
 use super::ops::KvAttention;
-use super::{
-    check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, Lengths,
-};
+use super::ops::{make_plan, PlanRef};
+use super::shape::{check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind};
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// BF16 KV cache of one layer: K and V in one preallocated BF16 tensor
@@ -14,6 +14,8 @@ pub struct Bf16Cache {
     shape: CacheShape,
     kv: Tensor,
     lens: Lengths,
+    /// The kernels its ops launch (CUDA), resolved at construction.
+    plan: PlanRef,
 }
 
 impl Bf16Cache {
@@ -38,6 +40,7 @@ impl Bf16Cache {
             shape,
             kv,
             lens: Lengths::zeros(batch, device)?,
+            plan: make_plan(KvCacheKind::Bf16, &shape, false, device)?,
         })
     }
 
@@ -86,12 +89,10 @@ impl Bf16Cache {
                 Ok(t.clone())
             }
         };
-        let mut lens = self.lens.host.clone();
-        for (b, len) in lens.iter_mut().enumerate() {
-            self.write(b, *len, &per_seq(&k, b)?, &per_seq(&v, b)?)?;
-            *len += tokens;
+        for b in 0..self.shape.batch {
+            self.write(b, self.lens.host[b], &per_seq(&k, b)?, &per_seq(&v, b)?)?;
         }
-        self.lens.set(lens)
+        self.lens.advance(&self.plan, 0, self.shape.batch, tokens)
     }
 
     /// Appends BF16 `k`, `v` `[tokens, kv_heads, head_dim]` to sequence `seq` only.
@@ -118,9 +119,7 @@ impl Bf16Cache {
             (k, v)
         };
         self.write(seq, self.lens.host[seq], &k, &v)?;
-        let mut lens = self.lens.host.clone();
-        lens[seq] += tokens;
-        self.lens.set(lens)
+        self.lens.advance(&self.plan, seq, 1, tokens)
     }
 
     /// `k`, `v` `[tokens, kv_heads, head_dim]` (contiguous) into sequence `b` at `at`.
@@ -131,12 +130,12 @@ impl Bf16Cache {
 
     /// Empties every sequence.
     pub fn reset(&mut self) -> Result<()> {
-        self.lens.reset()
+        self.lens.reset(&self.plan)
     }
 
     /// Empties sequence `seq`.
     pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
-        self.lens.reset_seq("Bf16Cache::reset_seq", seq)
+        self.lens.reset_seq(&self.plan, "Bf16Cache::reset_seq", seq)
     }
 
     /// Sequence `seq` as BF16 `(k, v)`, each `[len, kv_heads, head_dim]` (copies).
@@ -171,9 +170,10 @@ impl Bf16Cache {
             kind: KvCacheKind::Bf16,
             shape: self.shape,
             q_heads,
-            lens: self.lens.host.clone(),
+            max_len: self.lens.host.iter().copied().max().unwrap_or(0),
             opts: *opts,
             window: None,
+            plan: self.plan.clone(),
         };
         q.contiguous()?
             .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)

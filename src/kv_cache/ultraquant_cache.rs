@@ -1,9 +1,9 @@
 //! [`UltraQuantCache`]: one layer's FP4 KV cache in the UltraQuant slot layout.
 
-use super::ops::{ExactWindow, KvAttention, UqRead, UqStore};
-use super::{
-    check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, Lengths,
-    SLOT_PADDING,
+use super::lengths::Lengths;
+use super::ops::{make_plan, ExactWindow, KvAttention, PlanRef, UqRead, UqStore};
+use super::shape::{
+    check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, SLOT_PADDING,
 };
 use crate::ultraquant::slot_size;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -23,6 +23,8 @@ pub struct UltraQuantCache {
     /// U8 `[batch · capacity · kv_heads · slot + SLOT_PADDING]`.
     data: Tensor,
     lens: Lengths,
+    /// The kernels its ops launch (CUDA), resolved at construction.
+    plan: PlanRef,
     window: Option<ExactWindow>,
 }
 
@@ -45,6 +47,7 @@ impl UltraQuantCache {
             slot,
             data,
             lens: Lengths::zeros(shape.batch, device)?,
+            plan: make_plan(KvCacheKind::UltraQuant, &shape, false, device)?,
             window: None,
         })
     }
@@ -68,6 +71,7 @@ impl UltraQuantCache {
                 device,
             )?;
             c.window = Some(ExactWindow { size: window, ring });
+            c.plan = make_plan(KvCacheKind::UltraQuant, &shape, true, device)?;
         }
         Ok(c)
     }
@@ -165,6 +169,7 @@ impl UltraQuantCache {
             starts: starts.clone(),
             tokens,
             lens_dev: self.lens.dev.clone(),
+            plan: self.plan.clone(),
         };
         self.data.inplace_op3(&k, &v, &op)?;
         if let Some(w) = &self.window {
@@ -179,21 +184,19 @@ impl UltraQuantCache {
                 write_ring(w, seq_base + i, start, &per_seq(&k)?, &per_seq(&v)?)?;
             }
         }
-        let mut lens = self.lens.host.clone();
-        for (i, s) in starts.iter().enumerate() {
-            lens[seq_base + i] = s + tokens;
-        }
-        self.lens.set(lens)
+        self.lens
+            .advance(&self.plan, seq_base, starts.len(), tokens)
     }
 
     /// Empties every sequence (the slots are overwritten by later appends).
     pub fn reset(&mut self) -> Result<()> {
-        self.lens.reset()
+        self.lens.reset(&self.plan)
     }
 
     /// Empties sequence `seq`.
     pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
-        self.lens.reset_seq("UltraQuantCache::reset_seq", seq)
+        self.lens
+            .reset_seq(&self.plan, "UltraQuantCache::reset_seq", seq)
     }
 
     /// Sequence `seq` as BF16 `(k, v)`, each `[len, kv_heads, head_dim]`: dequantized, K
@@ -240,6 +243,7 @@ impl UltraQuantCache {
                 seq,
                 start: 0,
                 count,
+                plan: self.plan.clone(),
             })?
         };
         Ok((kv.get(0)?, kv.get(1)?))
@@ -263,9 +267,10 @@ impl UltraQuantCache {
             kind: KvCacheKind::UltraQuant,
             shape: self.shape,
             q_heads,
-            lens: self.lens.host.clone(),
+            max_len: self.lens.host.iter().copied().max().unwrap_or(0),
             opts: *opts,
             window: self.window.clone(),
+            plan: self.plan.clone(),
         };
         q.contiguous()?
             .apply_op3_no_bwd(&self.data, &self.lens.dev, &op)

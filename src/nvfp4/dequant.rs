@@ -111,7 +111,7 @@ impl CustomOp2 for DequantizeRows {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::dequantize_rows_cuda(s1, l1, s2, l2)
+        super::dequant_cuda::dequantize_rows_cuda(s1, l1, s2, l2)
     }
 }
 

@@ -17,6 +17,8 @@
 
 mod codec;
 mod dequant;
+#[cfg(feature = "cuda")]
+mod dequant_cuda;
 mod quantize;
 mod swizzle;
 

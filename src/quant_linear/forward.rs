@@ -1,7 +1,8 @@
 //! `QuantLinear::forward` and `forward_silu_mul`.
 
-use super::{use_gemv, QuantLinear, Weight};
-use crate::gemv::{bf16_gemv_with, nvfp4_gemv_with, GemvOptions, MAX_M};
+use super::plan::Choice;
+use super::{QuantLinear, Weight};
+use crate::gemv::{bf16_gemv_planned, nvfp4_gemv_planned};
 use crate::nvfp4::dequantize_rows;
 use candle_core::{bail, DType, Module, Result, Tensor};
 
@@ -49,25 +50,14 @@ impl QuantLinear {
         if m == 0 {
             return Tensor::zeros((0, n_out), DType::BF16, x.device());
         }
-        let on_cpu = x.device().is_cpu();
-        let nt = if on_cpu || m > MAX_M {
-            None
-        } else {
-            crate::tables::pick_nt(self.n, self.k, m, silu_mul, !self.is_nvfp4())
-        };
-        if use_gemv(on_cpu, nt, m, self.k) {
-            // The tile the table measured as faster (it may skip a smaller one).
-            let opts = GemvOptions {
-                nt,
-                ..GemvOptions::new(silu_mul, false)
-            };
+        if let Choice::Gemv(opts, plan) = self.plans.choice(m, silu_mul) {
             return match &self.weight {
                 Weight::Nvfp4 {
                     codes,
                     scales,
                     global_scale,
-                } => nvfp4_gemv_with(x, codes, scales, *global_scale, &opts),
-                Weight::Bf16(w) => bf16_gemv_with(x, w, &opts),
+                } => nvfp4_gemv_planned(x, codes, scales, *global_scale, opts, plan.clone()),
+                Weight::Bf16(w) => bf16_gemv_planned(x, w, opts, plan.clone()),
             };
         }
         let y = match &self.weight {

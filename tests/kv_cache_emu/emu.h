@@ -139,14 +139,6 @@ inline void cp_async16(void* dst, const void* src, uint32_t n) {
     if (n) std::memcpy(dst, src, n);
 }
 inline void cp_async_commit() {}
-// Row streaming's mbarriers and bulk copies: compiled, never run here (CFP4_BULK = 0 traps).
-#define CFP4_BULK 0
-inline void mbar_init(uint64_t*, uint32_t) {}
-inline void mbar_init_fence() {}
-inline void mbar_arrive(uint64_t*) {}
-inline void mbar_arrive_expect_tx(uint64_t*, uint32_t) {}
-inline void mbar_wait(uint64_t*, uint32_t) {}
-inline void bulk_g2s(void* dst, const void* src, uint32_t n, uint64_t*) { std::memcpy(dst, src, n); }
 inline uint32_t opaque(uint32_t x) { return x; }
 inline const uint8_t* opaque(const uint8_t* x) { return x; }
 inline uint32_t pack_u16(uint32_t lo, uint32_t hi) { return lo + (hi << 16); }

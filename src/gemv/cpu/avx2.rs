@@ -18,7 +18,9 @@
 //! chain, the final 2 + 3 additions), inside the K/32 + 8 that `tests/gemv_cpu_simd.rs`
 //! allows.
 
-use super::cpu::{half_e4m3_table, RowBlocks, WeightRows};
+use super::layout::{
+    e2m1_fp16_words, half_e4m3_table, rows_nvfp4_t1, single_token_path, RowBlocks, WeightRows,
+};
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -224,75 +226,6 @@ fn row_all_tokens(row: Row<'_>, xb: &[&[[f32; 16]]], blocks: usize, out: &mut [f
     }
 }
 
-/// Whether the single-token NVFP4 path ([`rows_nvfp4_t1`]) runs for this call: AVX2 +
-/// FMA + F16C, NVFP4 rows, `m == 1`, `k % 64 == 0`. When it does, the caller lays the
-/// FP32 `x` out with [`split_x_block`] (so the row kernel needs no interleave); the AVX2
-/// kernel runs [`row_nvfp4_t1`] per row, the AVX-512 kernel its own 16-lane version
-/// (`cpu_avx512::row_nvfp4_t1`: 74–81 vs 69–72 tokens/s with the AVX2 row, SmolLM2 decode
-/// on one AVX-512 core).
-pub(super) fn single_token_path(rows: &WeightRows<'_>, m: usize, k: usize) -> bool {
-    m == 1
-        && k.is_multiple_of(64)
-        && matches!(rows, WeightRows::Nvfp4 { .. })
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-/// One 16-value block of `x` in the single-token path's layout: the even elements
-/// (the weights' low nibbles) first, then the odd ones (high nibbles).
-pub(super) fn split_x_block(src: &[bf16; 16], dst: &mut [f32; 16]) {
-    for i in 0..8 {
-        dst[i] = src[2 * i].to_f32();
-        dst[8 + i] = src[2 * i + 1].to_f32();
-    }
-}
-
-/// The 32 E2M1 codes of 4 NVFP4 blocks (the 32 code bytes at `p`) as FP16 words, exact
-/// (the value's high byte, the low byte zero): `[e02, e13, o02, o13]`, the even codes (low
-/// nibbles) and the odd ones; 128-bit lane 0 of `e02` / `o02` holds block 0, lane 1 block 2,
-/// and `e13` / `o13` blocks 1 and 3. One `pshufb` per nibble half from a table of the FP16
-/// high bytes. Shared by the single-token rows of this module and `cpu_avx512`.
-///
-/// # Safety
-/// 32 bytes are readable at `p`.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) unsafe fn e2m1_fp16_words(p: *const u8) -> [__m256i; 4] {
-    // E2M1 code → the high byte of the same value in FP16 (sign, 5-bit exponent, the
-    // top 2 mantissa bits): 0, 0.5, 1, 1.5, 2, 3, 4, 6, then their negatives.
-    let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        0x00,
-        0x38,
-        0x3C,
-        0x3E,
-        0x40,
-        0x42,
-        0x44,
-        0x46,
-        0x80u8 as i8,
-        0xB8u8 as i8,
-        0xBCu8 as i8,
-        0xBEu8 as i8,
-        0xC0u8 as i8,
-        0xC2u8 as i8,
-        0xC4u8 as i8,
-        0xC6u8 as i8,
-    ));
-    let mask = _mm256_set1_epi8(0x0F);
-    let zero = _mm256_setzero_si256();
-    // SAFETY: 32 readable bytes by the caller's contract.
-    let v = unsafe { _mm256_loadu_si256(p.cast()) };
-    let ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, mask));
-    let qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
-    [
-        _mm256_unpacklo_epi8(zero, ql),
-        _mm256_unpackhi_epi8(zero, ql),
-        _mm256_unpacklo_epi8(zero, qh),
-        _mm256_unpackhi_epi8(zero, qh),
-    ]
-}
-
 /// One NVFP4 row against one token in the split layout: `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
 ///
 /// Four blocks (32 code bytes) per step: the low and high nibbles go through one
@@ -351,47 +284,6 @@ unsafe fn row_nvfp4_t1(
     }
     let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     hsum(s)
-}
-
-/// One NVFP4 row of the single-token path: `(codes, scale_bytes, e4m3 table, x, groups)`,
-/// with the contract of [`row_nvfp4_t1`] (the AVX2 row, or the AVX-512 one of
-/// `cpu_avx512`).
-pub(super) type RowT1 = unsafe fn(&[[u8; 8]], &[u8], &[f32; 256], &[[f32; 16]], usize) -> f32;
-
-/// The single-token NVFP4 path over rows `row0..row0 + out.len()`, `x` in the split layout,
-/// with row kernel `row` (whose CPU features the caller has checked).
-pub(super) fn rows_nvfp4_t1(
-    rows: &WeightRows<'_>,
-    xf: &[f32],
-    k: usize,
-    row0: usize,
-    out: &mut [f32],
-    row: RowT1,
-) -> Result<()> {
-    let groups = k / 64;
-    let x = xf.as_chunks::<16>().0;
-    if groups == 0 || x.len() != 4 * groups {
-        bail!("gemv: x has {} values, expected {k}", xf.len());
-    }
-    let table = e4m3_table();
-    for (r, o) in out.iter_mut().enumerate() {
-        let RowBlocks::Nvfp4 { codes, scale_bytes } = rows.row_blocks(row0 + r, k) else {
-            bail!("gemv: the single-token NVFP4 path got BF16 rows");
-        };
-        if codes.len() != 4 * groups || scale_bytes.len() < (groups - 1) * 512 + 4 {
-            bail!("gemv: NVFP4 row {} is shorter than K = {k}", row0 + r);
-        }
-        // SAFETY: features checked by the caller (`single_token_path`, and AVX-512 for
-        // its row), the lengths just above.
-        *o = unsafe { row(codes, scale_bytes, table, x, groups) };
-    }
-    Ok(())
-}
-
-/// `e4m3_decode(b)` for every byte.
-fn e4m3_table() -> &'static [f32; 256] {
-    static T: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    T.get_or_init(|| std::array::from_fn(|b| crate::nvfp4::e4m3_decode(b as u8)))
 }
 
 /// AVX2 accumulators of rows `row0..row0 + out.len() / m` (`out[row][token]`), for

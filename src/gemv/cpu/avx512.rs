@@ -7,8 +7,9 @@
 //! BF16 weights are widened by a 16-bit shift (exact). The FP32 products are summed in
 //! FP32 with FMA, up to 4 tokens per decoded block, 4 independent blocks in flight.
 
-use super::cpu::{half_e4m3_table, RowBlocks, WeightRows};
-use super::cpu_avx2::e2m1_fp16_words;
+use super::layout::{
+    e2m1_fp16_words, half_e4m3_table, rows_nvfp4_t1, single_token_path, RowBlocks, WeightRows,
+};
 use candle_core::{bail, Result};
 use half::bf16;
 use std::arch::x86_64::*;
@@ -139,7 +140,7 @@ fn row_all_tokens<const NV: bool>(
 /// `cpu_avx2::row_nvfp4_t1`, same contract): `Σ_b s_b · Σ_{i<16} q_{b,i}·x_{b,i}`.
 ///
 /// Four blocks (32 code bytes) per step, decoded as in the AVX2 row
-/// (`cpu_avx2::e2m1_fp16_words`), then each block's even and
+/// (`layout::e2m1_fp16_words`), then each block's even and
 /// odd FP16 codes are put side by side (`vperm2i128`) so that one 16-lane `vcvtph2ps`
 /// gives the block in the split layout of `x`: `acc_j += (q·x)·s_b` per lane (the
 /// products are exact; one FMA rounding each), four accumulators `acc_j`, `j = b % 4`,
@@ -204,9 +205,9 @@ pub(super) fn rows_avx512(
     if !k.is_multiple_of(64) || xf.len() != m * k {
         bail!("gemv: the AVX-512 kernel needs K % 64 == 0 and x of [{m}, {k}]");
     }
-    if super::cpu_avx2::single_token_path(rows, m, k) {
+    if single_token_path(rows, m, k) {
         // `x` is in the split layout (`gemv_cpu_with`); AVX-512 F and BW checked above.
-        return super::cpu_avx2::rows_nvfp4_t1(rows, xf, k, row0, out, row_nvfp4_t1);
+        return rows_nvfp4_t1(rows, xf, k, row0, out, row_nvfp4_t1);
     }
     let blocks = k / 16;
     let xb: Vec<&[[f32; 16]]> = xf.chunks_exact(k).map(|r| r.as_chunks().0).collect();

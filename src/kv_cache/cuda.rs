@@ -1,22 +1,21 @@
-//! Launches of `kernels/ultraquant.cu`: UltraQuant store and read-back, split-KV decode
-//! attention (UltraQuant or BF16 cache) and the combine of its splits.
+//! CUDA forward of the KV caches' ops (`kernels/ultraquant.cu`): UltraQuant store and
+//! read-back, the lengths update, split-KV decode attention (UltraQuant or BF16 cache) and
+//! the combine of its splits. Every kernel comes from the cache's [`AttnPlan`] (made once);
+//! a call does arithmetic, checks its storages and launches.
 
-use super::images::{Image, KernelFile};
-use super::launch::{cuda_err, launch, module, Launch, Loaded};
-use super::scratch::kv_scratch;
-use crate::gemv::KernelImage;
-use crate::kernel_params::{KvAttnParams, KvCombineParams, UqReadParams, UqStoreParams};
-use crate::kv_cache::ops::{range, KvAttention, UqRead, UqStore};
-use crate::kv_cache::{
-    cuda_head_dims, ring_first_default, row_stream_supported, CacheShape, KvCacheKind,
-    ROW_STREAM_HEADS, SLOT_PADDING,
+use super::ops::{range, ExactWindow, KvAttention, UqRead, UqStore};
+use super::plan::{launch_grid, AttnPlan};
+use super::shape::{ring_first_default, CacheShape, KvCacheKind, SLOT_PADDING};
+use crate::cuda::{launch, Launch};
+use crate::kernel_params::{
+    KvAttnParams, KvCombineParams, KvLensParams, UqReadParams, UqStoreParams,
 };
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
 };
-use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Shape, Storage};
+use candle_core::{bail, CudaStorage, Layout, Result, Shape, Storage};
 use half::bf16;
 use std::sync::Arc;
 
@@ -24,6 +23,7 @@ unsafe impl DeviceRepr for UqStoreParams {}
 unsafe impl DeviceRepr for UqReadParams {}
 unsafe impl DeviceRepr for KvAttnParams {}
 unsafe impl DeviceRepr for KvCombineParams {}
+unsafe impl DeviceRepr for KvLensParams {}
 
 /// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
 const MAX_SPLITS: usize = 1024;
@@ -33,49 +33,13 @@ const MAX_SPLITS: usize = 1024;
 /// two allocations less per call; the BF16 kernel's 4-warp CTAs merge 4 values per thread
 /// over twice the splits and are 1–2 µs slower fused, so it keeps the combine kernel.
 ///
-/// [`DecodeOptions`]: crate::kv_cache::DecodeOptions
+/// [`DecodeOptions`]: super::DecodeOptions
 fn fused_merge_default(fp4: bool) -> bool {
     fp4
 }
 
 /// Threads of the store / read kernels (one warp per (token, head)).
 const FORMAT_THREADS: u32 = 256;
-
-fn loaded(dev: &CudaDevice) -> Result<Arc<Loaded>> {
-    let image = Image::select(super::compute_capability(dev)?, KernelImage::Auto)?;
-    module(dev, KernelFile::Ultraquant, image)
-}
-
-fn check_head_dim(op: &str, kind: KvCacheKind, d: usize) -> Result<()> {
-    let dims = cuda_head_dims(kind);
-    if !dims.contains(&d) {
-        bail!("{op}: the CUDA kernels of the {kind:?} cache support head_dim {dims:?}, got {d}")
-    }
-    Ok(())
-}
-
-/// A plain launch (no cluster, no PDL) of a 3-d grid of 1-d blocks with `smem` bytes of
-/// dynamic shared memory, through the crate's one `cuLaunchKernelEx` wrapper.
-///
-/// # Safety
-/// `P` must be the kernel's parameter type and its pointers valid until the launch is queued.
-unsafe fn launch_grid<P: DeviceRepr + Copy>(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    grid: (u32, u32, u32),
-    block: u32,
-    smem: u32,
-    params: &P,
-) -> Result<()> {
-    let l = Launch {
-        grid,
-        block,
-        cluster: 1,
-        pdl: false,
-        smem,
-    };
-    launch(stream, f, l, params)
-}
 
 /// Blocks of `FORMAT_THREADS` for one warp per item.
 fn warp_grid(op: &str, items: usize) -> Result<u32> {
@@ -96,7 +60,46 @@ fn check_slots(op: &str, shape: &CacheShape, l: &Layout) -> Result<(usize, usize
     Ok((a, b))
 }
 
+/// `lens[seq_base .. seq_base + n_seq] = (add ? lens : 0) + value`, in place on the device.
+pub(crate) fn lens_update_cuda(
+    plan: &AttnPlan,
+    lens: &mut CudaStorage,
+    ll: &Layout,
+    seq_base: usize,
+    n_seq: usize,
+    value: usize,
+    add: bool,
+) -> Result<()> {
+    const OP: &str = "KV cache lengths (cuda)";
+    let (a, b) = range(OP, "lens", ll)?;
+    if seq_base + n_seq > b - a || value > i32::MAX as usize {
+        bail!(
+            "{OP}: sequences {seq_base}..{} or length {value} outside the cache",
+            seq_base + n_seq
+        )
+    }
+    let stream = lens.device().cuda_stream();
+    let mut s = lens.as_cuda_slice_mut::<u32>()?.slice_mut(a..b);
+    let (lp, _g) = s.device_ptr_mut(&stream);
+    let p = KvLensParams {
+        lens: lp,
+        seq_base: seq_base as i32,
+        n_seq: n_seq as i32,
+        value: value as i32,
+        add: i32::from(add),
+    };
+    let l = Launch {
+        grid: (n_seq.div_ceil(32) as u32, 1, 1),
+        block: 32,
+        cluster: 1,
+        pdl: plan.sm90,
+        smem: 0,
+    };
+    unsafe { launch(&stream, &plan.lens_update, l, &p) }
+}
+
 pub(crate) fn uq_store_cuda(
+    plan: &AttnPlan,
     op: &UqStore,
     cache: &mut CudaStorage,
     lc: &Layout,
@@ -107,7 +110,7 @@ pub(crate) fn uq_store_cuda(
 ) -> Result<()> {
     const OP: &str = "ultraquant store (cuda)";
     let sh = op.shape;
-    check_head_dim(OP, KvCacheKind::UltraQuant, sh.head_dim)?;
+    plan.check(OP, KvCacheKind::UltraQuant, &sh)?;
     let dev = cache.device().clone();
     let stream = dev.cuda_stream();
     let (ca, cb) = check_slots(OP, &sh, lc)?;
@@ -130,9 +133,7 @@ pub(crate) fn uq_store_cuda(
     if lb - la != sh.batch {
         bail!("{OP}: {} lengths for batch {}", lb - la, sh.batch)
     }
-    let f = loaded(&dev)?
-        .function(&format!("cfp4_uq_store_d{}", sh.head_dim))?
-        .0;
+    let f = &plan.store;
     let grid = warp_grid(OP, op.starts.len() * op.tokens * sh.kv_heads)?;
     let ks = k.as_cuda_slice::<bf16>()?.slice(ka..kb);
     let vs = v.as_cuda_slice::<bf16>()?.slice(va..vb);
@@ -159,17 +160,18 @@ pub(crate) fn uq_store_cuda(
         head_dim: sh.head_dim as i32,
         pad: 0,
     };
-    unsafe { launch_grid(&stream, &f, (grid, 1, 1), FORMAT_THREADS, 0, &params) }
+    unsafe { launch_grid(&stream, f, (grid, 1, 1), FORMAT_THREADS, 0, &params) }
 }
 
 pub(crate) fn uq_read_cuda(
+    plan: &AttnPlan,
     op: &UqRead,
     cache: &CudaStorage,
     lc: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "ultraquant read (cuda)";
     let sh = op.shape;
-    check_head_dim(OP, KvCacheKind::UltraQuant, sh.head_dim)?;
+    plan.check(OP, KvCacheKind::UltraQuant, &sh)?;
     if op.seq >= sh.batch || op.start + op.count > sh.capacity || op.count == 0 {
         bail!(
             "{OP}: sequence {}, tokens {}..{} outside the cache",
@@ -181,9 +183,7 @@ pub(crate) fn uq_read_cuda(
     let dev = cache.device().clone();
     let stream = dev.cuda_stream();
     let (ca, cb) = check_slots(OP, &sh, lc)?;
-    let f = loaded(&dev)?
-        .function(&format!("cfp4_uq_read_d{}", sh.head_dim))?
-        .0;
+    let f = &plan.read;
     let grid = warp_grid(OP, op.count * sh.kv_heads)?;
     let mut out = unsafe { dev.alloc::<bf16>(2 * op.count * sh.kv_heads * sh.head_dim)? };
     {
@@ -200,51 +200,9 @@ pub(crate) fn uq_read_cuda(
             capacity: sh.capacity as i32,
             head_dim: sh.head_dim as i32,
         };
-        unsafe { launch_grid(&stream, &f, (grid, 1, 1), FORMAT_THREADS, 0, &params)? };
+        unsafe { launch_grid(&stream, f, (grid, 1, 1), FORMAT_THREADS, 0, &params)? };
     }
     Ok((CudaStorage::wrap_cuda_slice(out, dev), op.out_shape()))
-}
-
-/// Warps per CTA and dynamic shared memory of one attention kernel: mirrors `Cfg` (and with
-/// `rows`, `RowsCfg`) in kernels/ultraquant.cu (the kernel traps when it gets less than it
-/// needs).
-fn attn_config(fp4: bool, d: usize, nt: usize, rows: bool) -> (usize, usize) {
-    let nw = match (fp4, d) {
-        (true, 256) => 4,
-        (true, _) if nt == 1 => 16,
-        (true, _) => 8,
-        (false, 256) => 2,
-        (false, _) => 4,
-    };
-    let nstage = if fp4 && nw != 16 { 3 } else { 2 };
-    let slot = d + d / 16;
-    let gcd16 = if slot.is_multiple_of(16) {
-        16
-    } else if slot.is_multiple_of(8) {
-        8
-    } else {
-        4
-    };
-    let srow = if fp4 {
-        (slot + (16 - gcd16)).div_ceil(16) * 16
-    } else {
-        4 * d + 16
-    };
-    let hc = 4 * nt;
-    let tpi = if fp4 { 2 } else { 1 }; // 16-token tiles per stage buffer
-    let red_o = nw * hc * d * 4;
-    if rows {
-        // RowsCfg: NWH = nw / HB warp groups, each with NST = 3 stages of 16 · tpi token rows
-        // of HB slots (+ 16 bytes), the queries of HB KV heads, and 2 mbarriers per stage.
-        let (hb, nst) = (ROW_STREAM_HEADS, 3);
-        let nwh = nw / hb;
-        let stages = nwh * nst * 16 * tpi * (hb * slot + 16);
-        let bar_off = stages.max(red_o) + hb * hc * d * 4 + 2 * nw * hc * 4;
-        return (nw, bar_off + 2 * nwh * nst * 8);
-    }
-    let stages = nw * nstage * 16 * tpi * srow;
-    let smem = stages.max(red_o) + hc * d * 4 + 2 * nw * hc * 4;
-    (nw, smem)
 }
 
 /// Splits per (sequence, KV head): `floor(resident / base)` (one wave of `resident` CTAs),
@@ -286,61 +244,8 @@ unsafe fn launch_bf16_kv(
     launch(stream, f, l, &p)
 }
 
-/// One attention kernel with its warps per CTA and dynamic shared memory.
-struct AttnKernel {
-    f: CudaFunction,
-    nw: usize,
-    smem: usize,
-}
-
-impl AttnKernel {
-    fn get(
-        loaded: &Loaded,
-        stream: &CudaStream,
-        fp4: bool,
-        d: usize,
-        nt: usize,
-        rows: bool,
-    ) -> Result<Self> {
-        const OP: &str = "decode attention (cuda)";
-        let (nw, smem) = attn_config(fp4, d, nt, rows);
-        let optin = stream
-            .context()
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .map_err(|e| cuda_err("cuDeviceGetAttribute", e))?;
-        if smem > optin as usize {
-            bail!("{OP}: the head_dim {d} kernel needs {smem} bytes of shared memory, this GPU allows {optin}")
-        }
-        let tag = match (fp4, rows) {
-            (true, true) => "uqrows",
-            (true, false) => "uq",
-            (false, _) => "bf16",
-        };
-        let f = loaded
-            .function(&format!("cfp4_kv_attn_{tag}_d{d}_nt{nt}"))?
-            .0;
-        f.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| cuda_err("cuFuncSetAttribute(max dynamic shared memory)", e))?;
-        Ok(Self { f, nw, smem })
-    }
-
-    fn launch(&self, grid: (u32, u32, u32), pdl: bool) -> Launch {
-        Launch {
-            grid,
-            block: (self.nw * 32) as u32,
-            cluster: 1,
-            pdl,
-            smem: self.smem as u32,
-        }
-    }
-}
-
 pub(crate) fn kv_attention_cuda(
+    plan: &AttnPlan,
     op: &KvAttention,
     q: &CudaStorage,
     lq: &Layout,
@@ -352,7 +257,7 @@ pub(crate) fn kv_attention_cuda(
     const OP: &str = "decode attention (cuda)";
     let sh = op.shape;
     let d = sh.head_dim;
-    check_head_dim(OP, op.kind, d)?;
+    plan.check(OP, op.kind, &sh)?;
     let fp4 = op.kind == KvCacheKind::UltraQuant;
     let group = op.q_heads / sh.kv_heads;
     let nt = if group <= 4 || d == 256 { 1 } else { 2 };
@@ -366,61 +271,38 @@ pub(crate) fn kv_attention_cuda(
     }
     let dev = q.device().clone();
     let stream = dev.cuda_stream();
-    let loaded = loaded(&dev)?;
-    // The row-streaming UltraQuant kernel (HB KV heads per CTA, whole token rows by bulk
-    // copies) when the options ask for it.
-    let rows_ok =
-        row_stream_supported(fp4, d, group, sh.kv_heads, loaded.image.has_sm90_features());
-    let rows = match op.opts.row_stream {
-        Some(true) if !rows_ok => bail!(
-            "{OP}: row_stream needs an UltraQuant cache with head_dim 128, at most 4 query heads per KV head, a multiple of {ROW_STREAM_HEADS} KV heads and an sm_90+ GPU; here head_dim {d}, {group} query heads per KV head, {} KV heads",
-            sh.kv_heads
-        ),
-        Some(r) => r,
-        // Opt-in: on the H200 it is slower than the per-head kernel at every measured point
-        // (its copy alone runs at 82 % of copy bandwidth at 32k × 8, but its math alone takes
-        // 93 µs there: docs/benchmarks.md).
-        None => false,
-    };
-    // KV heads per CTA of the main kernel, and its grid's y extent.
-    let hb = if rows { ROW_STREAM_HEADS } else { 1 };
-    let main_y = sh.kv_heads / hb * chunks;
-    let main = AttnKernel::get(&loaded, &stream, fp4, d, nt, rows)?;
     // Exact window: the UltraQuant kernel over the older tokens, then the BF16 kernel over
     // the ring, both writing partials of one merge.
-    let win = match (&op.window, fp4) {
+    let Some(main) = &plan.main[nt - 1] else {
+        bail!("{OP}: no head_dim {d} kernel for {group} query heads per KV head")
+    };
+    let win: Option<&ExactWindow> = match (&op.window, fp4) {
         (Some(w), true) => Some(w),
         _ => None,
     };
     let ring_kernel = match win {
-        Some(_) => Some(AttnKernel::get(&loaded, &stream, false, d, nt, false)?),
+        Some(_) => match &plan.ring[nt - 1] {
+            Some(k) => Some(k),
+            None => bail!("{OP}: the cache was planned without an exact window"),
+        },
         None => None,
     };
+    let main_y = sh.kv_heads * chunks;
     let w = win.map_or(0, |w| w.size);
-    let max_len = op
-        .lens
-        .iter()
-        .map(|&n| n.saturating_sub(w))
-        .max()
-        .unwrap_or(0);
+    let max_len = op.max_len.saturating_sub(w);
     let splits = match op.opts.splits {
         Some(s) => s.clamp(1, MAX_SPLITS),
         None => {
-            let per_sm = main
-                .f
-                .occupancy_max_active_blocks_per_multiprocessor(
-                    (main.nw * 32) as u32,
-                    main.smem,
-                    None,
-                )
-                .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
-                .max(1) as usize;
             // UltraQuant: one CTA per SM. Measured on the H200 (docs/benchmarks.md, split
             // sweep): its warps then run twice as many iterations, which amortizes the
             // per-CTA query rotation and warp merge, and beat two CTAs per SM at batch 1
             // (32k: 25.8 vs 28.9 us). BF16: a full wave of resident CTAs.
-            let resident = if fp4 { loaded.sms } else { per_sm * loaded.sms };
-            auto_splits(max_len, sh.batch * main_y, resident, main.nw / hb)
+            let resident = if fp4 {
+                plan.sms
+            } else {
+                main.per_sm * plan.sms
+            };
+            auto_splits(max_len, sh.batch * main_y, resident, main.nw)
         }
     };
     // The ring's splits: one per 16-token tile per warp of the BF16 kernel.
@@ -475,21 +357,15 @@ pub(crate) fn kv_attention_cuda(
     let mut out = unsafe { dev.alloc::<bf16>(n_out)? };
     // Merge of the splits: in the attention kernel's last CTA per head group (needs its
     // weights in every launching kernel's shared memory), or by cfp4_kv_combine.
-    // With row streaming the last CTA merges the heads of its HB KV heads, and the ring's
-    // grid (one KV head per CTA) counts differently, so a ring means the combine kernel.
-    let nh = hb * 4 * nt;
+    let nh = 4 * nt;
     let fits = |k: &AttnKernel| (nh * total + nh) * 4 <= k.smem;
     let fused = total > 1
-        && (!rows || ring_kernel.is_none())
-        && op
-            .opts
-            .fused_merge
-            .unwrap_or(fused_merge_default(fp4) && !rows)
-        && fits(&main)
-        && ring_kernel.as_ref().is_none_or(fits);
-    let pdl = op.opts.pdl.unwrap_or(true) && loaded.image.has_sm90_features();
+        && op.opts.fused_merge.unwrap_or(fused_merge_default(fp4))
+        && fits(main)
+        && ring_kernel.is_none_or(|k| fits(k));
+    let pdl = op.opts.pdl.unwrap_or(true) && plan.sm90;
     let scratch = if total > 1 {
-        Some(kv_scratch(
+        Some(plan.scratch(
             &stream,
             n_out * total,
             2 * sh.batch * op.q_heads * total,
@@ -536,16 +412,11 @@ pub(crate) fn kv_attention_cuda(
         (None, None) => true, // no ring
         (None, Some(rk)) => {
             let base = sh.batch * sh.kv_heads * chunks;
-            let ring_per_sm = rk
-                .f
-                .occupancy_max_active_blocks_per_multiprocessor((rk.nw * 32) as u32, rk.smem, None)
-                .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
-                as usize;
             ring_first_default(
                 splits * sh.batch * main_y,
                 ring_splits * base,
-                ring_per_sm,
-                loaded.sms,
+                rk.per_sm,
+                plan.sms,
                 max_len.div_ceil(splits),
             )
         }
@@ -595,7 +466,7 @@ pub(crate) fn kv_attention_cuda(
         launch_ring(true)?;
     }
     if let (Some(sc), false) = (scratch, fused) {
-        let fc = loaded.function("cfp4_kv_combine")?.0;
+        let fc = &plan.combine;
         let cp = KvCombineParams {
             part_o: sc.part_o,
             part_ml: sc.part_ml,
@@ -612,7 +483,7 @@ pub(crate) fn kv_attention_cuda(
             pdl,
             smem: 0,
         };
-        unsafe { launch(&stream, &fc, l, &cp)? };
+        unsafe { launch(&stream, fc, l, &cp)? };
     }
     drop((_g0, _g1, _g2));
     Ok((

@@ -12,7 +12,7 @@
 //! permutation made while converting `x` to FP32).
 //!
 //! Threads: rows are split across rayon tasks, except for a single token (decode) with
-//! more than one thread, where a small spinning pool (`cpu_pool`) runs the row chunks:
+//! more than one thread, where a small spinning pool (`pool`) runs the row chunks:
 //! its helpers stay awake for a few ms between GEMVs instead of being woken per call.
 //!
 //! * [`CpuKernel::Scalar`] (the oracle): each weight row is decoded into an FP32 buffer,
@@ -20,36 +20,26 @@
 //! * [`CpuKernel::Avx2`] / [`CpuKernel::Avx512`]: one NVFP4 block (16 weights) is
 //!   decoded per step into two 8-lane vectors / one 16-lane vector in registers
 //!   (`pshufb` table of `2·e2m1`, int → FP32, times `e4m3/2`: exact) and used for up
-//!   to 4 tokens at once; BF16 weights are widened with a shift. See `cpu_avx2` and
-//!   `cpu_avx512`.
+//!   to 4 tokens at once; BF16 weights are widened with a shift. See `avx2` and
+//!   `avx512`; what they share is in `layout`.
 //!
 //! [`gemv_cpu`] picks the fastest kernel the CPU runs (checked once at run time);
 //! `CANDLE_FP4_CPU_GEMV=scalar|avx2|avx512` overrides the choice.
 
-use crate::nvfp4::{e2m1_decode, e4m3_decode, swizzled_offset, BLOCK_SIZE};
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod layout;
+mod pool;
+mod scalar;
+
+pub use layout::WeightRows;
+
 use candle_core::{bail, Result};
 use half::bf16;
 use rayon::prelude::*;
 use std::sync::OnceLock;
-
-/// Where the weight rows come from.
-#[derive(Debug, Clone, Copy)]
-pub enum WeightRows<'a> {
-    /// NVFP4: packed codes `[N, K/2]` and swizzled scales with `sp` padded columns.
-    Nvfp4 {
-        /// Packed E2M1 codes.
-        codes: &'a [u8],
-        /// Swizzled E4M3 block scales.
-        scales: &'a [u8],
-        /// Padded scale-column count of the swizzled layout.
-        sp: usize,
-    },
-    /// Plain BF16 rows `[N, K]`.
-    Bf16 {
-        /// The weight.
-        w: &'a [bf16],
-    },
-}
 
 /// Which CPU implementation computes the GEMV's FP32 accumulators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,7 +63,7 @@ impl CpuKernel {
             #[cfg(target_arch = "x86_64")]
             CpuKernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
-            CpuKernel::Avx512 => super::cpu_avx512::available(),
+            CpuKernel::Avx512 => avx512::available(),
             #[cfg(not(target_arch = "x86_64"))]
             CpuKernel::Avx2 | CpuKernel::Avx512 => false,
         }
@@ -108,112 +98,6 @@ impl CpuKernel {
                 .unwrap_or(CpuKernel::Scalar)
         })
     }
-}
-
-fn e2m1_pair_table() -> [[f32; 2]; 256] {
-    let mut t = [[0f32; 2]; 256];
-    for (b, e) in t.iter_mut().enumerate() {
-        *e = [e2m1_decode(b as u8 & 0xF), e2m1_decode(b as u8 >> 4)];
-    }
-    t
-}
-
-/// `e4m3_decode(b) / 2` for every byte (exact: no FP32 underflow), the block scale the
-/// SIMD kernels multiply their `2·e2m1` integers by.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn half_e4m3_table() -> &'static [f32; 256] {
-    static T: OnceLock<[f32; 256]> = OnceLock::new();
-    T.get_or_init(|| std::array::from_fn(|b| e4m3_decode(b as u8) * 0.5))
-}
-
-/// One weight row as the SIMD kernels read it (see [`WeightRows::row_blocks`]).
-#[cfg(target_arch = "x86_64")]
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum RowBlocks<'a> {
-    /// 8-byte code blocks, and the swizzled scale bytes from the row's first one on
-    /// (block `b` at `(b / 4) · 512 + b % 4`).
-    Nvfp4 {
-        codes: &'a [[u8; 8]],
-        scale_bytes: &'a [u8],
-    },
-    /// 16-value BF16 blocks.
-    Bf16(&'a [[bf16; 16]]),
-}
-
-impl<'a> WeightRows<'a> {
-    /// Row `row` (of `k` values, `k % 16 == 0`, within the checked shape) in 16-value blocks.
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) fn row_blocks(&self, row: usize, k: usize) -> RowBlocks<'a> {
-        match *self {
-            WeightRows::Nvfp4 { codes, scales, sp } => RowBlocks::Nvfp4 {
-                codes: codes[row * k / 2..(row + 1) * k / 2].as_chunks().0,
-                scale_bytes: &scales[swizzled_offset(row, 0, sp)..],
-            },
-            WeightRows::Bf16 { w } => RowBlocks::Bf16(w[row * k..(row + 1) * k].as_chunks().0),
-        }
-    }
-}
-
-impl WeightRows<'_> {
-    fn decode_row(&self, row: usize, k: usize, pairs: &[[f32; 2]; 256], dst: &mut [f32]) {
-        match *self {
-            WeightRows::Nvfp4 { codes, scales, sp } => {
-                let src = &codes[row * k / 2..(row + 1) * k / 2];
-                for (blk, (d, c)) in dst
-                    .chunks_exact_mut(BLOCK_SIZE)
-                    .zip(src.chunks_exact(BLOCK_SIZE / 2))
-                    .enumerate()
-                {
-                    let s = e4m3_decode(scales[swizzled_offset(row, blk, sp)]);
-                    for (dd, &byte) in d.chunks_exact_mut(2).zip(c) {
-                        let [lo, hi] = pairs[byte as usize];
-                        // Exact in FP32 (and in BF16): e2m1 · e4m3.
-                        dd[0] = lo * s;
-                        dd[1] = hi * s;
-                    }
-                }
-            }
-            WeightRows::Bf16 { w } => {
-                for (d, v) in dst.iter_mut().zip(&w[row * k..(row + 1) * k]) {
-                    *d = v.to_f32();
-                }
-            }
-        }
-    }
-
-    fn check(&self, n: usize, k: usize) -> Result<()> {
-        match *self {
-            WeightRows::Nvfp4 { codes, scales, sp } => {
-                let np = n.div_ceil(128) * 128;
-                if !k.is_multiple_of(BLOCK_SIZE)
-                    || codes.len() != n * k / 2
-                    || scales.len() != np * sp
-                    || sp < k / BLOCK_SIZE
-                    || !sp.is_multiple_of(4)
-                {
-                    bail!("gemv: NVFP4 weight buffers do not match N = {n}, K = {k}");
-                }
-            }
-            WeightRows::Bf16 { w } => {
-                if w.len() != n * k {
-                    bail!("gemv: BF16 weight has {} values, expected {n}x{k}", w.len());
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent FP32 accumulators so the compiler vectorizes.
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum()
 }
 
 /// SiLU in FP32: `g / (1 + e^-g)`.
@@ -293,7 +177,7 @@ pub fn gemv_cpu_with(
     let mut xf = Vec::with_capacity(m * k);
     #[cfg(target_arch = "x86_64")]
     if matches!(kernel, CpuKernel::Avx2 | CpuKernel::Avx512)
-        && super::cpu_avx2::single_token_path(rows, m, k)
+        && layout::single_token_path(rows, m, k)
     {
         // The single-token NVFP4 kernel's layout: each block's even elements, then its
         // odd ones (a permutation of the same FP32 values).
@@ -304,7 +188,7 @@ pub fn gemv_cpu_with(
             .iter()
             .zip(xf.as_chunks_mut::<16>().0)
         {
-            super::cpu_avx2::split_x_block(src, dst);
+            layout::split_x_block(src, dst);
         }
     }
     if xf.is_empty() {
@@ -360,7 +244,7 @@ where
     if m != 1 {
         return None;
     }
-    let pool = super::cpu_pool::Pool::global()?;
+    let pool = pool::Pool::global()?;
     if pool.threads() != rayon::current_num_threads() {
         return None;
     }
@@ -392,20 +276,13 @@ fn rows_chunk(
 ) -> Result<()> {
     match kernel {
         CpuKernel::Scalar => {
-            let pairs = e2m1_pair_table();
-            scratch.resize(k, 0.0);
-            for (r, o) in out.chunks_exact_mut(m).enumerate() {
-                rows.decode_row(row0 + r, k, &pairs, scratch);
-                for (t, v) in o.iter_mut().enumerate() {
-                    *v = dot(&xf[t * k..(t + 1) * k], scratch);
-                }
-            }
+            scalar::rows_scalar(rows, xf, m, k, row0, out, scratch);
             Ok(())
         }
         #[cfg(target_arch = "x86_64")]
-        CpuKernel::Avx2 => super::cpu_avx2::rows_avx2(rows, xf, m, k, row0, out),
+        CpuKernel::Avx2 => avx2::rows_avx2(rows, xf, m, k, row0, out),
         #[cfg(target_arch = "x86_64")]
-        CpuKernel::Avx512 => super::cpu_avx512::rows_avx512(rows, xf, m, k, row0, out),
+        CpuKernel::Avx512 => avx512::rows_avx512(rows, xf, m, k, row0, out),
         #[cfg(not(target_arch = "x86_64"))]
         CpuKernel::Avx2 | CpuKernel::Avx512 => bail!("gemv: {kernel:?} needs x86-64"),
     }

@@ -1,0 +1,82 @@
+//! Per-sequence lengths of a cache: on the host (checks, read-back) and as a U32 tensor on
+//! the cache's device (what the kernels read), updated in place on the device (a decode
+//! step allocates nothing for them).
+
+use super::ops::{LensUpdate, PlanRef};
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// The lengths, host and device.
+#[derive(Debug)]
+pub(crate) struct Lengths {
+    pub host: Vec<usize>,
+    pub dev: Tensor,
+}
+
+impl Clone for Lengths {
+    /// A deep copy: the device lengths are updated in place, so a clone gets its own.
+    fn clone(&self) -> Self {
+        Self {
+            host: self.host.clone(),
+            dev: self.dev.copy().unwrap_or_else(|_| self.dev.clone()),
+        }
+    }
+}
+
+impl Lengths {
+    pub(crate) fn zeros(batch: usize, device: &Device) -> Result<Self> {
+        Ok(Self {
+            host: vec![0; batch],
+            dev: Tensor::zeros(batch, DType::U32, device)?,
+        })
+    }
+
+    fn update(
+        &mut self,
+        plan: &PlanRef,
+        seq_base: usize,
+        n_seq: usize,
+        value: usize,
+        add: bool,
+    ) -> Result<()> {
+        let op = LensUpdate {
+            seq_base,
+            n_seq,
+            value,
+            add,
+            plan: plan.clone(),
+        };
+        self.dev.inplace_op1(&op)?;
+        for n in &mut self.host[seq_base..seq_base + n_seq] {
+            *n = if add { *n + value } else { value };
+        }
+        Ok(())
+    }
+
+    /// `tokens` more in sequences `seq_base .. seq_base + n_seq` (checked by the caller to fit).
+    pub(crate) fn advance(
+        &mut self,
+        plan: &PlanRef,
+        seq_base: usize,
+        n_seq: usize,
+        tokens: usize,
+    ) -> Result<()> {
+        self.update(plan, seq_base, n_seq, tokens, true)
+    }
+
+    /// Empties every sequence.
+    pub(crate) fn reset(&mut self, plan: &PlanRef) -> Result<()> {
+        let n = self.host.len();
+        self.update(plan, 0, n, 0, false)
+    }
+
+    /// Empties sequence `seq`; `what` names the caller in the out-of-range error.
+    pub(crate) fn reset_seq(&mut self, plan: &PlanRef, what: &str, seq: usize) -> Result<()> {
+        if seq >= self.host.len() {
+            bail!(
+                "{what}: sequence {seq} out of range (batch {})",
+                self.host.len()
+            )
+        }
+        self.update(plan, seq, 1, 0, false)
+    }
+}

@@ -1,0 +1,243 @@
+//! A cache's dimensions and kind, the launch options of decode attention, and the checks
+//! every cache runs on its inputs.
+
+use crate::variants::kv_head_dims;
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// Padding bytes after the last UltraQuant slot (the CUDA kernels read whole 16-byte chunks).
+pub const SLOT_PADDING: usize = 16;
+
+/// Which storage a [`KvCache`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvCacheKind {
+    /// BF16 K and V.
+    Bf16,
+    /// UltraQuant FP4 slots (E2M1 + UE8M0 per 32, K Walsh–Hadamard rotated).
+    UltraQuant,
+}
+
+/// Dimensions of one layer's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheShape {
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub capacity: usize,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Values per head. UltraQuant: a power of two and a multiple of 32 (CUDA: 64, 128 or
+    /// 256). BF16: even (CUDA: 64, 80, 96, 128 or 256).
+    pub head_dim: usize,
+}
+
+/// The exact window's launch order on the GPU ([`DecodeOptions::ring_first`] = `None`):
+/// `true` = the BF16 ring kernel before the UltraQuant kernel, `false` = after it, where
+/// (under PDL) its CTAs run beside the UltraQuant ones. That pays when they have room: on
+/// the SMs the UltraQuant grid leaves free (`(sms - fp4_ctas) · ring_per_sm` CTAs), or in the
+/// tail of a long UltraQuant launch (`fp4_tokens_per_cta`, the tokens of one split). Measured
+/// on the H200 (docs/benchmarks.md, window 64, head_dim 128, 8 KV heads, 128 UltraQuant
+/// CTAs): after is 4 µs faster at batch 1 (every context: 8 ring CTAs fit the 4 free SMs) and
+/// 3–5 µs faster with ~8k tokens per split (batch 4 × 32k, batch 8 × 16k; 8,160–8,176
+/// tokens); before is 1–2.5 µs faster at batch 4–8 with up to 2k tokens per split; ~4k per
+/// split (batch 8 × 8k) is a tie. The threshold sits between the tie and the gain.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/cuda.rs and the tests
+pub(crate) fn ring_first_default(
+    fp4_ctas: usize,
+    ring_ctas: usize,
+    ring_per_sm: usize,
+    sms: usize,
+    fp4_tokens_per_cta: usize,
+) -> bool {
+    let free = sms.saturating_sub(fp4_ctas).saturating_mul(ring_per_sm);
+    !(ring_ctas <= free || fp4_tokens_per_cta >= 6144)
+}
+
+impl CacheShape {
+    /// Checks the dimensions for a cache of `kind` on `device` (`what` names the caller in
+    /// errors).
+    pub(crate) fn check(&self, what: &str, kind: KvCacheKind, device: &Device) -> Result<()> {
+        let CacheShape {
+            batch,
+            capacity,
+            kv_heads,
+            head_dim,
+        } = *self;
+        if batch == 0 || capacity == 0 || kv_heads == 0 {
+            bail!("{what}: batch ({batch}), capacity ({capacity}) and kv_heads ({kv_heads}) must be positive")
+        }
+        match kind {
+            KvCacheKind::UltraQuant => {
+                if !head_dim.is_power_of_two() || !head_dim.is_multiple_of(32) {
+                    bail!("{what}: head_dim must be a power of two and a multiple of 32, got {head_dim}")
+                }
+            }
+            KvCacheKind::Bf16 => {
+                if head_dim == 0 || !head_dim.is_multiple_of(2) {
+                    bail!("{what}: head_dim must be even and positive, got {head_dim}")
+                }
+            }
+        }
+        let fp4 = kind == KvCacheKind::UltraQuant;
+        if device.is_cuda() && !kv_head_dims(fp4).any(|d| d == head_dim) {
+            bail!(
+                "{what}: the CUDA kernels of the {kind:?} cache support head_dim {:?}, got {head_dim}",
+                kv_head_dims(fp4).collect::<Vec<_>>()
+            )
+        }
+        let limit = i32::MAX as usize;
+        if batch > limit || capacity > limit || kv_heads > limit {
+            bail!("{what}: batch, capacity and kv_heads must fit in i32")
+        }
+        Ok(())
+    }
+
+    /// `batch · capacity · kv_heads · per_token_head`, or an error on overflow.
+    pub(crate) fn elems(&self, what: &str, per_token_head: usize) -> Result<usize> {
+        self.batch
+            .checked_mul(self.capacity)
+            .and_then(|n| n.checked_mul(self.kv_heads))
+            .and_then(|n| n.checked_mul(per_token_head))
+            .ok_or_else(|| candle_core::Error::Msg(format!("{what}: cache size overflows usize")))
+    }
+}
+
+/// Launch options of decode attention (CUDA only; the CPU ignores them): the tuning knobs
+/// of the tests and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Token-range splits per (sequence, KV head); `None` = heuristic (as many CTAs as are
+    /// resident at once on the GPU, at least two 16-token tiles per warp). Clamped to
+    /// `1..=1024`.
+    pub splits: Option<usize>,
+    /// Merge the splits in the attention kernel (its last CTA per head group; no second
+    /// kernel) instead of a separate combine kernel; `None` = the measured default.
+    pub fused_merge: Option<bool>,
+    /// Programmatic dependent launch (sm_90+): the kernels are queued while the previous
+    /// kernel still runs and wait for it on the device; `None` = on.
+    pub pdl: Option<bool>,
+    /// UltraQuant cache with an exact window: launch the BF16 ring kernel before the
+    /// UltraQuant kernel (`true`), or after it (`false`: under PDL it then runs beside the
+    /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
+    /// exiting); `None` = the measured default.
+    pub ring_first: Option<bool>,
+}
+
+/// Checks new K/V (`[batch, tokens, kv_heads, head_dim]`, or `[tokens, kv_heads, head_dim]`
+/// when `n_seq == 1`) for an append of `n_seq` sequences; returns the token count.
+pub(crate) fn check_new_kv(
+    what: &str,
+    k: &Tensor,
+    v: &Tensor,
+    shape: &CacheShape,
+    n_seq: usize,
+    device: &Device,
+) -> Result<usize> {
+    for (name, t) in [("k", k), ("v", v)] {
+        if t.dtype() != DType::BF16 {
+            bail!("{what}: {name} must be BF16, got {:?}", t.dtype())
+        }
+        if !t.device().same_device(device) {
+            bail!(
+                "{what}: {name} is on {:?} but the cache is on {:?}",
+                t.device().location(),
+                device.location()
+            )
+        }
+    }
+    if k.dims() != v.dims() {
+        bail!(
+            "{what}: k {:?} and v {:?} must have the same shape",
+            k.dims(),
+            v.dims()
+        )
+    }
+    let (kh, d) = (shape.kv_heads, shape.head_dim);
+    let tokens = match *k.dims() {
+        [n, t, h, dd] if n == n_seq && h == kh && dd == d => t,
+        [t, h, dd] if n_seq == 1 && h == kh && dd == d => t,
+        ref dims => bail!("{what}: k/v must be [{n_seq}, tokens, {kh}, {d}] (or [tokens, {kh}, {d}] for one sequence), got {dims:?}"),
+    };
+    if tokens == 0 {
+        bail!("{what}: k/v hold no tokens")
+    }
+    Ok(tokens)
+}
+
+/// Checks that `tokens` more fit after each of `lens` (capacity `cap`).
+pub(crate) fn check_room(
+    what: &str,
+    lens: &[usize],
+    first_seq: usize,
+    tokens: usize,
+    cap: usize,
+) -> Result<()> {
+    for (i, &n) in lens.iter().enumerate() {
+        if n + tokens > cap {
+            bail!(
+                "{what}: sequence {} holds {n} tokens, {tokens} more exceed the capacity {cap}",
+                first_seq + i
+            )
+        }
+    }
+    Ok(())
+}
+
+/// Checks `q` for decode attention; returns `q_heads`.
+pub(crate) fn check_query(
+    what: &str,
+    q: &Tensor,
+    shape: &CacheShape,
+    lens: &[usize],
+    device: &Device,
+) -> Result<usize> {
+    if q.dtype() != DType::BF16 {
+        bail!("{what}: q must be BF16, got {:?}", q.dtype())
+    }
+    if !q.device().same_device(device) {
+        bail!(
+            "{what}: q is on {:?} but the cache is on {:?}",
+            q.device().location(),
+            device.location()
+        )
+    }
+    let q_heads = match *q.dims() {
+        [b, h, d] if b == shape.batch && d == shape.head_dim => h,
+        ref dims => bail!(
+            "{what}: q must be [{}, q_heads, {}], got {dims:?}",
+            shape.batch,
+            shape.head_dim
+        ),
+    };
+    if q_heads == 0 || !q_heads.is_multiple_of(shape.kv_heads) {
+        bail!(
+            "{what}: q_heads ({q_heads}) must be a positive multiple of kv_heads ({})",
+            shape.kv_heads
+        )
+    }
+    if q_heads > i32::MAX as usize {
+        bail!("{what}: q_heads must fit in i32")
+    }
+    if let Some(b) = lens.iter().position(|&n| n == 0) {
+        bail!("{what}: sequence {b} is empty (append its K/V before attending)")
+    }
+    Ok(q_heads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_first_default;
+
+    #[test]
+    fn ring_order_rule() {
+        // H200, 132 SMs, 128 UltraQuant CTAs, 3 ring CTAs per SM: 12 fit the free SMs.
+        assert!(!ring_first_default(128, 8, 3, 132, 2048)); // batch 1: the ring fits
+        assert!(!ring_first_default(128, 12, 3, 132, 256));
+        assert!(ring_first_default(128, 13, 3, 132, 256)); // one CTA too many
+        assert!(ring_first_default(128, 64, 3, 132, 512)); // batch 8, 1k
+        assert!(ring_first_default(128, 64, 3, 132, 4064)); // batch 8, 8k: a tie, kept first
+        assert!(!ring_first_default(128, 64, 3, 132, 8160)); // batch 8, 16k
+        assert!(!ring_first_default(128, 32, 3, 132, 8176)); // batch 4, 32k
+        assert!(ring_first_default(264, 8, 3, 132, 1024)); // no free SM (forced splits)
+        assert!(!ring_first_default(264, 8, 3, 132, 1 << 20));
+    }
+}

@@ -1,0 +1,117 @@
+//! Which path a [`QuantLinear`](super::QuantLinear) runs for `m` tokens: the rule
+//! ([`use_gemv`], pure) and the per-M choices made from it once, when the layer is built on
+//! its device (on a GPU: that device's tuned table and a resolved kernel launch per tile).
+
+use crate::gemv::{GemvOptions, Plan, K_ALIGN, MAX_M};
+use candle_core::{Device, Result};
+
+/// Whether a projection of `m` tokens with in-features `k` should run the GEMV rather
+/// than a matmul.
+///
+/// * never for `m = 0`, `m > 32` ([`MAX_M`]) or `k` not a multiple of 64 ([`K_ALIGN`]);
+/// * on CPU always otherwise: the GEMV dequantizes rows on the fly, a matmul would need a
+///   full dequantized copy of the weight per call;
+/// * on a GPU only when the tuned table has a tile for this shape (`tuned_nt`, from
+///   [`TunedTable::pick_nt`](crate::tables::TunedTable::pick_nt)).
+pub fn use_gemv(on_cpu: bool, tuned_nt: Option<usize>, m: usize, k: usize) -> bool {
+    if m == 0 || m > MAX_M || k == 0 || !k.is_multiple_of(K_ALIGN) {
+        return false;
+    }
+    on_cpu || tuned_nt.is_some()
+}
+
+/// What runs for one `m` (and epilogue).
+#[derive(Debug, Clone)]
+pub(crate) enum Choice {
+    /// Dequantize (NVFP4) and matmul.
+    Matmul,
+    /// The GEMV with these options (token tile set) and, on CUDA, its planned launch.
+    Gemv(GemvOptions, Plan),
+}
+
+/// The choice for every `m` in `1..=MAX_M`, without and with the `silu_mul` epilogue.
+#[derive(Debug, Clone)]
+pub(crate) struct Plans {
+    by_m: Vec<[Choice; 2]>,
+}
+
+impl Plans {
+    /// The plans of an `[n, k]` layer (`fp4`: NVFP4, else BF16) on `device`.
+    pub(crate) fn new(device: &Device, n: usize, k: usize, fp4: bool) -> Result<Self> {
+        let table = crate::tables::for_device(device)?;
+        let mut made: Vec<(usize, bool, Plan)> = Vec::new();
+        let mut by_m = Vec::with_capacity(MAX_M);
+        for m in 1..=MAX_M {
+            let mut pair = [Choice::Matmul, Choice::Matmul];
+            for (slot, silu) in pair.iter_mut().zip([false, true]) {
+                if silu && !n.is_multiple_of(2) {
+                    continue;
+                }
+                let nt = if device.is_cpu() {
+                    None
+                } else {
+                    table.pick_nt(n, k, m, silu, !fp4)
+                };
+                if !use_gemv(device.is_cpu(), nt, m, k) {
+                    continue;
+                }
+                // The tile the table measured as faster (it may skip a smaller one).
+                let opts = GemvOptions {
+                    nt,
+                    ..GemvOptions::new(silu, false)
+                };
+                let plan = match made.iter().find(|(t, s, _)| Some(*t) == nt && *s == silu) {
+                    Some((_, _, p)) => p.clone(),
+                    None => {
+                        let p = make_plan(device, fp4, n, k, nt, &opts)?;
+                        if let Some(t) = nt {
+                            made.push((t, silu, p.clone()));
+                        }
+                        p
+                    }
+                };
+                *slot = Choice::Gemv(opts, plan);
+            }
+            by_m.push(pair);
+        }
+        Ok(Self { by_m })
+    }
+
+    /// The choice for `m` tokens (matmul outside `1..=MAX_M`).
+    pub(crate) fn choice(&self, m: usize, silu_mul: bool) -> &Choice {
+        const MATMUL: Choice = Choice::Matmul;
+        match m.checked_sub(1).and_then(|i| self.by_m.get(i)) {
+            Some(pair) => &pair[usize::from(silu_mul)],
+            None => &MATMUL,
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn make_plan(
+    device: &Device,
+    fp4: bool,
+    n: usize,
+    k: usize,
+    nt: Option<usize>,
+    opts: &GemvOptions,
+) -> Result<Plan> {
+    match (device, nt) {
+        (Device::Cuda(d), Some(nt)) => Ok(Some(std::sync::Arc::new(crate::gemv::cuda::plan(
+            d, fp4, n, k, nt, opts,
+        )?))),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn make_plan(
+    _device: &Device,
+    _fp4: bool,
+    _n: usize,
+    _k: usize,
+    _nt: Option<usize>,
+    _opts: &GemvOptions,
+) -> Result<Plan> {
+    Ok(())
+}

@@ -1,0 +1,198 @@
+// The one list of compiled kernel variants and kernel images (docs: `mod variants` in
+// lib.rs). Plain Rust with no imports and no inner attributes: build.rs and
+// tests/kv_cache_emu.rs `include!` it.
+
+/// Token tiles of the GEMV kernels: a tile `nt` covers `8·nt` tokens.
+pub const GEMV_NTS: [usize; 3] = [1, 2, 4];
+
+/// Thread-block cluster sizes that split K in the GEMV kernels (sm_90+ images; the sm_80
+/// images have split 1 only).
+pub const GEMV_SPLITS: [usize; 4] = [1, 2, 4, 8];
+
+/// The four GEMV kernels per (tile, split): `(fp4, silu_mul)`.
+pub const GEMV_KINDS: [(bool, bool); 4] =
+    [(true, false), (true, true), (false, false), (false, true)];
+
+/// Name of the GEMV kernel for NVFP4 (`fp4`) or BF16 weights, with or without the fused
+/// `silu(gate)·up` epilogue, token tile `nt` and cluster split `split`.
+pub fn gemv_kernel_name(fp4: bool, silu_mul: bool, nt: usize, split: usize) -> String {
+    let tag = match (fp4, silu_mul) {
+        (true, false) => "fp4",
+        (true, true) => "fp4silu",
+        (false, false) => "bf16",
+        (false, true) => "bf16silu",
+    };
+    format!("cfp4_gemv_{tag}_nt{nt}_s{split}")
+}
+
+/// Decode-attention kernels: `(fp4, head_dim, query-head tiles nt)`; a tile serves `4·nt`
+/// query heads of one KV head. `fp4` = UltraQuant slots, else BF16 K/V.
+pub const KV_ATTN: [(bool, usize, &[usize]); 8] = [
+    (true, 64, &[1, 2]),
+    (true, 128, &[1, 2]),
+    (true, 256, &[1]),
+    (false, 64, &[1, 2]),
+    (false, 80, &[1, 2]),
+    (false, 96, &[1, 2]),
+    (false, 128, &[1, 2]),
+    (false, 256, &[1]),
+];
+
+/// Name of a decode-attention kernel.
+pub fn kv_attn_kernel_name(fp4: bool, head_dim: usize, nt: usize) -> String {
+    let tag = if fp4 { "uq" } else { "bf16" };
+    format!("cfp4_kv_attn_{tag}_d{head_dim}_nt{nt}")
+}
+
+/// The head_dims with decode-attention kernels for UltraQuant (`fp4`) or BF16 caches (the
+/// UltraQuant store / read-back kernels exist for the UltraQuant ones).
+pub fn kv_head_dims(fp4: bool) -> impl Iterator<Item = usize> {
+    KV_ATTN
+        .iter()
+        .filter(move |(f, _, _)| *f == fp4)
+        .map(|(_, d, _)| *d)
+}
+
+/// Whether decode attention has a kernel for `(fp4, head_dim, nt)`.
+pub fn kv_attn_has(fp4: bool, head_dim: usize, nt: usize) -> bool {
+    KV_ATTN
+        .iter()
+        .any(|(f, d, nts)| *f == fp4 && *d == head_dim && nts.contains(&nt))
+}
+
+/// One compiled form of every kernel file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Image {
+    /// Hopper (H100/H200): what runs on the measured GPU.
+    Sm90aCubin,
+    /// Blackwell B200/GB200 (hardware E2M1 convert); assembled, not run here.
+    Sm100aCubin,
+    /// Ampere/Ada (A100, RTX 30xx/40xx): no clusters, no PDL.
+    Sm80Cubin,
+    /// JIT fallback for other GPUs of compute capability ≥ 9.0.
+    Compute90Ptx,
+    /// The sm_80 code as PTX, so a Hopper can run that variant in tests.
+    Compute80Ptx,
+}
+
+impl Image {
+    /// Every image, in build order.
+    pub const ALL: [Image; 5] = [
+        Image::Sm90aCubin,
+        Image::Sm100aCubin,
+        Image::Sm80Cubin,
+        Image::Compute90Ptx,
+        Image::Compute80Ptx,
+    ];
+
+    /// File-name suffix of the image (`<stem>_<suffix>` in `$OUT_DIR`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Image::Sm90aCubin => "sm90a.cubin",
+            Image::Sm100aCubin => "sm100a.cubin",
+            Image::Sm80Cubin => "sm80.cubin",
+            Image::Compute90Ptx => "compute90.ptx",
+            Image::Compute80Ptx => "compute80.ptx",
+        }
+    }
+
+    /// nvcc's `-gencode` for the image.
+    pub fn gencode(self) -> &'static str {
+        match self {
+            Image::Sm90aCubin => "-gencode=arch=compute_90a,code=sm_90a",
+            Image::Sm100aCubin => "-gencode=arch=compute_100a,code=sm_100a",
+            Image::Sm80Cubin => "-gencode=arch=compute_80,code=sm_80",
+            Image::Compute90Ptx => "-gencode=arch=compute_90,code=compute_90",
+            Image::Compute80Ptx => "-gencode=arch=compute_80,code=compute_80",
+        }
+    }
+
+    /// Whether the image is PTX text (JIT-compiled at load) rather than a cubin.
+    pub fn is_ptx(self) -> bool {
+        matches!(self, Image::Compute90Ptx | Image::Compute80Ptx)
+    }
+
+    /// Whether the image has clusters and PDL (sm_90+ code).
+    pub fn has_sm90_features(self) -> bool {
+        !matches!(self, Image::Sm80Cubin | Image::Compute80Ptx)
+    }
+
+    /// The image a device of compute capability `(major, minor)` loads (`sm80` = the sm_80
+    /// code path asked for explicitly), or `None` below sm_80.
+    pub fn for_device(cc: (i32, i32), sm80: bool) -> Option<Image> {
+        if cc.0 < 8 {
+            return None;
+        }
+        Some(match (sm80, cc) {
+            (true, _) => Image::Compute80Ptx,
+            (false, (9, 0)) => Image::Sm90aCubin,
+            (false, (10, 0)) => Image::Sm100aCubin,
+            (false, (8, _)) => Image::Sm80Cubin,
+            (false, _) => Image::Compute90Ptx,
+        })
+    }
+}
+
+/// The `extern "C"` GEMV kernels of `kernels/gemv.cu` (`$OUT_DIR/gemv_instances.inc`): one
+/// `CFP4_GEMV(NT, SPLIT, SILU, FP4, NAME)` per variant, splits > 1 under `CFP4_CLUSTERS`.
+pub fn gemv_instances() -> String {
+    let mut s = String::from("// generated by build.rs from src/variants.rs\n");
+    for nt in GEMV_NTS {
+        for (fp4, silu) in GEMV_KINDS {
+            for split in GEMV_SPLITS {
+                let name = gemv_kernel_name(fp4, silu, nt, split);
+                let line = format!("CFP4_GEMV({nt}, {split}, {silu}, {fp4}, {name})\n");
+                if split > 1 {
+                    s += &format!("#if CFP4_CLUSTERS\n{line}#endif\n");
+                } else {
+                    s += &line;
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Position of `(fp4, head_dim, nt)` in the configuration table that
+/// `cfp4_kv_attn_configs` writes (`[warps, dynamic shared bytes]` per kernel).
+pub fn kv_attn_index(fp4: bool, head_dim: usize, nt: usize) -> Option<usize> {
+    KV_ATTN
+        .iter()
+        .flat_map(|(f, d, nts)| nts.iter().map(move |n| (*f, *d, *n)))
+        .position(|v| v == (fp4, head_dim, nt))
+}
+
+/// Number of decode-attention kernels.
+pub fn kv_attn_count() -> usize {
+    KV_ATTN.iter().map(|(_, _, nts)| nts.len()).sum()
+}
+
+/// The `extern "C"` kernels of `kernels/ultraquant.cu` (`$OUT_DIR/ultraquant_instances.inc`):
+/// the store / read-back per UltraQuant head_dim (`CFP4_UQ_FORMAT(D)`), every attention kernel
+/// (`CFP4_KV_ATTN(FP4, NAME, D, NT)`), and `cfp4_kv_attn_configs(int* out)`, which writes each
+/// attention kernel's warps and dynamic shared memory from its `Cfg` at
+/// [`kv_attn_index`] (so the host never restates `Cfg`).
+pub fn kv_instances() -> String {
+    let mut s = String::from("// generated by build.rs from src/variants.rs\n");
+    for d in kv_head_dims(true) {
+        s += &format!("CFP4_UQ_FORMAT({d})\n");
+    }
+    let mut cfg = String::new();
+    for (fp4, d, nts) in KV_ATTN {
+        for &nt in nts {
+            let name = kv_attn_kernel_name(fp4, d, nt);
+            s += &format!("CFP4_KV_ATTN({fp4}, {name}, {d}, {nt})\n");
+            let i = kv_attn_index(fp4, d, nt).unwrap_or(0);
+            cfg += &format!(
+                "    out[{}] = Cfg<{fp4}, {d}, {nt}>::NW;\n    out[{}] = Cfg<{fp4}, {d}, {nt}>::SMEM;\n",
+                2 * i,
+                2 * i + 1
+            );
+        }
+    }
+    s += "extern \"C\" __global__ void cfp4_kv_attn_configs(int* out) {\n";
+    s += "    if (threadIdx.x != 0 || blockIdx.x != 0) return;\n";
+    s += &cfg;
+    s += "}\n";
+    s
+}
