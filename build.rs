@@ -83,8 +83,6 @@ fn main() {
     let write = |name: &str, text: String| {
         std::fs::write(out_dir.join(name), text).unwrap_or_else(|e| panic!("writing {name}: {e}"))
     };
-    write("gemv_instances.inc", variants::gemv_instances());
-    write("ultraquant_instances.inc", variants::kv_instances());
     let nvcc = nvcc();
     let mut sources: Vec<PathBuf> = std::fs::read_dir("kernels")
         .expect("kernels/ must exist")
@@ -96,6 +94,11 @@ fn main() {
         .iter()
         .map(|s| s.file_stem().unwrap().to_string_lossy().to_string())
         .collect();
+    for stem in &stems {
+        if let Some((name, text)) = variants::instances(stem) {
+            write(name, text);
+        }
+    }
     write("images.rs", images_rs(&stems));
     let include = format!("-I{}", out_dir.display());
     let mut jobs = Vec::new();

@@ -391,7 +391,7 @@ __device__ __forceinline__ void gemv_split(const GemvParams& p) {
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u * NW;
             if (c < nchunks) {
-                compute_stage<NT, FP4, false>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t, nullptr, nchunks);
+                compute_stage<NT, FP4>(p, c, c == nfull, st[u], acc, (2 * u) % Acc<NT>::SETS, g, t);
                 const int cn = c + U * NW;
                 if (cn < nchunks) load_stage<FP4>(rp, cn, cn == nfull, t, st[u]);
             }

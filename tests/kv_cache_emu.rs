@@ -108,17 +108,34 @@ fn dump_cases(dir: &Path) {
     std::fs::write(dir.join("cases.txt"), index).unwrap();
 }
 
-/// The kernel source with its inline-asm section cut out and the dynamic shared memory
-/// declaration pointed at the emulator's buffer.
+/// The kernel sources as one translation unit (kv_common.cuh, ultraquant.cu,
+/// kv_attention.cuh, kv_attention.cu, their includes of each other dropped), with the
+/// inline-asm section cut out and the dynamic shared memory declaration pointed at the
+/// emulator's buffer.
 fn emulated_source() -> String {
-    let src = include_str!("../kernels/ultraquant.cu");
+    let common = include_str!("../kernels/kv_common.cuh");
     let (start, end) = (
         "// ---------------------------------------------------------------- PTX wrappers\n",
         "// ---------------------------------------------------------------- end of PTX wrappers\n",
     );
-    let a = src.find(start).expect("PTX wrappers section start");
-    let b = src.find(end).expect("PTX wrappers section end") + end.len();
-    let out = format!("{}{}", &src[..a], &src[b..]);
+    let a = common.find(start).expect("PTX wrappers section start");
+    let b = common.find(end).expect("PTX wrappers section end") + end.len();
+    let src = [
+        format!("{}{}", &common[..a], &common[b..]),
+        include_str!("../kernels/ultraquant.cu").to_string(),
+        include_str!("../kernels/kv_attention.cuh").to_string(),
+        include_str!("../kernels/kv_attention.cu").to_string(),
+    ]
+    .join("\n");
+    let out: String = src
+        .lines()
+        .filter(|l| {
+            !l.starts_with("#include \"kv_common.cuh\"")
+                && !l.starts_with("#include \"kv_attention.cuh\"")
+                && !l.starts_with("#pragma once")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
     let decl = "extern __shared__ __align__(16) uint8_t smem[];";
     assert!(
         out.contains(decl),
@@ -139,11 +156,10 @@ fn kernels_match_cpu_under_emulation() {
     std::fs::create_dir_all(dir.join("inc")).unwrap();
     std::fs::write(dir.join("ultraquant_emu.cu"), emulated_source()).unwrap();
     // The kernels' instantiations, generated from src/variants.rs as build.rs does.
-    std::fs::write(
-        dir.join("ultraquant_instances.inc"),
-        variants::kv_instances(),
-    )
-    .unwrap();
+    for stem in ["ultraquant", "kv_attention"] {
+        let (name, text) = variants::instances(stem).unwrap();
+        std::fs::write(dir.join(name), text).unwrap();
+    }
     std::fs::write(
         dir.join("ultraquant.cuh"),
         include_str!("../kernels/ultraquant.cuh"),

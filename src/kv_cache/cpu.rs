@@ -13,7 +13,7 @@
 //! 4. `m = max_t s_t`, `p_t = exp(s_t − m)`, `l = Σ_t p_t` (ascending `t`).
 //! 5. `o_d = (Σ_t p_t v_{t,d}) / l`, rounded once to BF16 (nearest even).
 
-use super::CacheShape;
+use super::shape::CacheShape;
 use crate::ultraquant::{decode_row, encode_slot, slot_size, wht_inplace};
 use candle_core::{bail, Result};
 use half::bf16;

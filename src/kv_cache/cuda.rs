@@ -4,7 +4,7 @@
 //! a call does arithmetic, checks its storages and launches.
 
 use super::ops::{range, ExactWindow, KvAttention, UqRead, UqStore};
-use super::plan::{launch_grid, AttnPlan};
+use super::plan::{launch_grid, AttnKernel, AttnPlan};
 use super::shape::{ring_first_default, CacheShape, KvCacheKind, SLOT_PADDING};
 use crate::cuda::{launch, Launch};
 use crate::kernel_params::{

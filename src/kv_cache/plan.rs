@@ -162,7 +162,8 @@ impl AttnPlan {
             )
         }
         let f = facts(dev)?;
-        let loaded = module(dev, KernelFile::Ultraquant, f.image)?;
+        let loaded = module(dev, KernelFile::KvAttention, f.image)?;
+        let format = module(dev, KernelFile::Ultraquant, f.image)?;
         let configs = kernel_configs(dev, &loaded)?;
         let get = |fp4: bool, nt: usize| -> Result<Option<AttnKernel>> {
             if !kv_attn_has(fp4, d, nt) {
@@ -178,8 +179,8 @@ impl AttnPlan {
         // The store and read-back exist for UltraQuant head_dims only.
         let (store, read) = if fp4 {
             (
-                loaded.function(&format!("cfp4_uq_store_d{d}"))?.0,
-                loaded.function(&format!("cfp4_uq_read_d{d}"))?.0,
+                format.function(&format!("cfp4_uq_store_d{d}"))?.0,
+                format.function(&format!("cfp4_uq_read_d{d}"))?.0,
             )
         } else {
             let f = loaded.function("cfp4_kv_combine")?.0;
@@ -193,7 +194,7 @@ impl AttnPlan {
             combine: loaded.function("cfp4_kv_combine")?.0,
             store,
             read,
-            lens_update: loaded.function("cfp4_kv_lens_update")?.0,
+            lens_update: format.function("cfp4_kv_lens_update")?.0,
             sms: f.sms,
             sm90: loaded.image.has_sm90_features(),
             scratch: OnceLock::new(),

@@ -3,7 +3,7 @@
 //! nothing but its output (and the counters, zeroed once, stay zero between calls: the
 //! kernel's last CTA per head group resets its own).
 
-use super::launch::cuda_err;
+use crate::cuda::cuda_err;
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use candle_core::{bail, Result};
 use std::collections::HashMap;

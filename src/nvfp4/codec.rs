@@ -1,5 +1,8 @@
 //! Scalar codecs: E2M1 (FP4) and E4M3 (FP8, `float8_e4m3fn`).
 
+/// Number of weights that share one E4M3 block scale.
+pub const BLOCK_SIZE: usize = 16;
+
 /// The eight E2M1 magnitudes, indexed by bits 0–2 of a code (bit 3 is the sign).
 pub const E2M1_VALUES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 

@@ -1,8 +1,9 @@
 //! Dequantization: ModelOpt's FP32 order, and the exact BF16 rows the kernels multiply.
 
+use super::codec::BLOCK_SIZE;
 use super::codec::{e2m1_decode, e4m3_decode};
+use super::quantize::Nvfp4Quantized;
 use super::swizzle::{scale_bytes, swizzled_offset, swizzled_shape};
-use super::BLOCK_SIZE;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use half::bf16;
 use rayon::prelude::*;
@@ -41,7 +42,7 @@ pub fn dequantize_nvfp4(
         .flatten_all()?
         .to_vec1::<u8>()?;
     let scales = scale_bytes(weight_scale, "dequantize_nvfp4")?;
-    let q = super::Nvfp4Quantized {
+    let q = Nvfp4Quantized {
         n,
         k,
         weight: codes,

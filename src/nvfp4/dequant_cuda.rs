@@ -2,10 +2,11 @@
 //! `kernels/gemv.cu`). Model loading and the matmul path call it, so it looks its kernel
 //! up per call (a cache lookup under a lock).
 
+use super::codec::BLOCK_SIZE;
+use super::swizzle::swizzled_shape;
 use crate::cuda::{facts, launch, module, KernelFile, Launch};
 use crate::kernel_params::DequantParams;
 use crate::layout::contiguous_range;
-use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::{bail, CudaStorage, Layout, Result, Shape};

@@ -22,7 +22,9 @@ mod dequant_cuda;
 mod quantize;
 mod swizzle;
 
-pub use codec::{e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, E2M1_VALUES, E4M3_MAX};
+pub use codec::{
+    e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, BLOCK_SIZE, E2M1_VALUES, E4M3_MAX,
+};
 pub use dequant::{dequantize_nvfp4, dequantize_rows, dequantize_rows_cpu};
 pub use quantize::{
     block_scale_e4m3, global_scale_for_amax, quantize_nvfp4, quantize_nvfp4_slice,
@@ -32,6 +34,3 @@ pub use swizzle::{
     swizzle_blockscale, swizzle_blockscale_bytes, swizzled_offset, swizzled_shape,
     unswizzle_blockscale, unswizzle_blockscale_bytes,
 };
-
-/// Number of weights that share one E4M3 block scale.
-pub const BLOCK_SIZE: usize = 16;

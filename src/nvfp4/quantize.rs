@@ -1,7 +1,6 @@
 //! NVFP4 weight quantization, bit-exact with NVIDIA ModelOpt (`NVFP4QTensor`).
 
-use super::codec::{e2m1_encode, e4m3_decode, e4m3_encode, E4M3_MAX};
-use super::BLOCK_SIZE;
+use super::codec::{e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, BLOCK_SIZE, E4M3_MAX};
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// A weight matrix `[n, k]` quantized to NVFP4, in the checkpoint layout.
@@ -29,7 +28,7 @@ impl Nvfp4Quantized {
                 let byte = self.weight[row * self.k / 2 + j / 2];
                 let code = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
                 let s = e4m3_decode(self.weight_scale[row * s_cols + j / BLOCK_SIZE]);
-                out.push(super::e2m1_decode(code) * (s * self.global_scale));
+                out.push(e2m1_decode(code) * (s * self.global_scale));
             }
         }
         out

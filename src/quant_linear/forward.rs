@@ -1,7 +1,7 @@
 //! `QuantLinear::forward` and `forward_silu_mul`.
 
+use super::layer::{QuantLinear, Weight};
 use super::plan::Choice;
-use super::{QuantLinear, Weight};
 use crate::gemv::{bf16_gemv_planned, nvfp4_gemv_planned};
 use crate::nvfp4::dequantize_rows;
 use candle_core::{bail, DType, Module, Result, Tensor};

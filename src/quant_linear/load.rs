@@ -1,6 +1,6 @@
 //! Loading a `QuantLinear` (or a row-wise fusion of several) from a ModelOpt checkpoint.
 
-use super::QuantLinear;
+use super::layer::QuantLinear;
 use crate::checkpoint::Checkpoint;
 use crate::nvfp4::{Nvfp4Quantized, BLOCK_SIZE};
 use crate::quant_config::QuantConfig;

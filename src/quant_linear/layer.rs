@@ -1,0 +1,183 @@
+//! The [`QuantLinear`] layer: its weight, constructors and accessors.
+
+use super::plan::Plans;
+use crate::nvfp4::{
+    swizzle_blockscale_bytes, swizzled_shape, unswizzle_blockscale_bytes, Nvfp4Quantized,
+    BLOCK_SIZE,
+};
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+/// The weight of a [`QuantLinear`].
+#[derive(Debug, Clone)]
+pub(super) enum Weight {
+    Nvfp4 {
+        /// U8 `[N, K/2]` packed E2M1 codes.
+        codes: Tensor,
+        /// U8 `[Np, Sp]` 128×4-swizzled E4M3 block scales.
+        scales: Tensor,
+        global_scale: f32,
+    },
+    /// BF16 `[N, K]`.
+    Bf16(Tensor),
+}
+
+/// A linear layer `y = x·Wᵀ + b` with an NVFP4 or BF16 weight `[N, K]`; see the module
+/// [module docs](super) for the numerics. Which path runs for each token count is decided once, when the
+/// layer is built on its device, from that device's tuned table ([`use_gemv`]); on a GPU
+/// the GEMV launches are planned then too, so `forward` looks nothing up.
+#[derive(Debug, Clone)]
+pub struct QuantLinear {
+    pub(super) weight: Weight,
+    pub(super) bias: Option<Tensor>,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) plans: Plans,
+}
+
+/// A bias checked to be `[n]`, as BF16 on `device`.
+fn prepare_bias(bias: Option<Tensor>, n: usize, device: &Device) -> Result<Option<Tensor>> {
+    let Some(b) = bias else { return Ok(None) };
+    if b.dims() != [n] {
+        bail!("QuantLinear: bias has shape {:?}, expected [{n}]", b.dims());
+    }
+    Ok(Some(b.to_device(device)?.to_dtype(DType::BF16)?))
+}
+
+impl QuantLinear {
+    /// An NVFP4 layer from a quantized weight (checkpoint layout; the scales are swizzled
+    /// here) and an optional bias `[N]` (converted to BF16), placed on `device`.
+    pub fn from_nvfp4(q: &Nvfp4Quantized, bias: Option<Tensor>, device: &Device) -> Result<Self> {
+        let (n, k) = (q.n, q.k);
+        if n == 0 || k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
+            bail!("QuantLinear: NVFP4 weight [{n}, {k}] needs N > 0 and K a positive multiple of {BLOCK_SIZE}");
+        }
+        if q.weight.len() != n * k / 2 || q.weight_scale.len() != n * (k / BLOCK_SIZE) {
+            bail!(
+                "QuantLinear: NVFP4 weight [{n}, {k}] needs {} code bytes and {} scale bytes, got {} and {}",
+                n * k / 2,
+                n * (k / BLOCK_SIZE),
+                q.weight.len(),
+                q.weight_scale.len()
+            );
+        }
+        if !(q.global_scale.is_finite() && q.global_scale > 0.0) {
+            bail!(
+                "QuantLinear: global scale {} must be a positive finite number",
+                q.global_scale
+            );
+        }
+        let s = k / BLOCK_SIZE;
+        let swz = swizzle_blockscale_bytes(&q.weight_scale, n, s)?;
+        let codes = Tensor::from_slice(&q.weight, (n, k / 2), device)?;
+        let scales = Tensor::from_vec(swz, swizzled_shape(n, s), device)?;
+        Ok(Self {
+            weight: Weight::Nvfp4 {
+                codes,
+                scales,
+                global_scale: q.global_scale,
+            },
+            bias: prepare_bias(bias, n, device)?,
+            n,
+            k,
+            plans: Plans::new(device, n, k, true)?,
+        })
+    }
+
+    /// A 16-bit layer from a float weight `[N, K]` (converted to BF16) and an optional
+    /// bias `[N]`, on the weight's device.
+    pub fn from_bf16(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        let (n, k) = match weight.dims() {
+            [n, k] if *n > 0 && *k > 0 => (*n, *k),
+            d => {
+                bail!("QuantLinear: weight must be a non-empty 2-d [N, K] tensor, got shape {d:?}")
+            }
+        };
+        if !weight.dtype().is_float() {
+            bail!(
+                "QuantLinear: weight dtype {:?} is not a float type",
+                weight.dtype()
+            );
+        }
+        let device = weight.device().clone();
+        Ok(Self {
+            weight: Weight::Bf16(weight.to_dtype(DType::BF16)?.contiguous()?),
+            bias: prepare_bias(bias, n, &device)?,
+            n,
+            k,
+            plans: Plans::new(&device, n, k, false)?,
+        })
+    }
+
+    /// Input features `K`.
+    pub fn in_features(&self) -> usize {
+        self.k
+    }
+
+    /// Output features `N`.
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the weight is NVFP4.
+    pub fn is_nvfp4(&self) -> bool {
+        matches!(self.weight, Weight::Nvfp4 { .. })
+    }
+
+    /// The FP32 global scale (`weight_scale_2`) of an NVFP4 weight; `None` for BF16.
+    pub fn global_scale(&self) -> Option<f32> {
+        match &self.weight {
+            Weight::Nvfp4 { global_scale, .. } => Some(*global_scale),
+            Weight::Bf16(_) => None,
+        }
+    }
+
+    /// The BF16 bias `[N]`, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// The device the weight lives on.
+    pub fn device(&self) -> &Device {
+        match &self.weight {
+            Weight::Nvfp4 { codes, .. } => codes.device(),
+            Weight::Bf16(w) => w.device(),
+        }
+    }
+
+    /// An NVFP4 weight back in checkpoint layout (row-major scales) on the host; `None`
+    /// for a BF16 weight.
+    pub fn to_nvfp4(&self) -> Result<Option<Nvfp4Quantized>> {
+        let Weight::Nvfp4 {
+            codes,
+            scales,
+            global_scale,
+        } = &self.weight
+        else {
+            return Ok(None);
+        };
+        let codes = codes.flatten_all()?.to_vec1::<u8>()?;
+        let swz = scales.flatten_all()?.to_vec1::<u8>()?;
+        let weight_scale = unswizzle_blockscale_bytes(&swz, self.n, self.k / BLOCK_SIZE)?;
+        Ok(Some(Nvfp4Quantized {
+            n: self.n,
+            k: self.k,
+            weight: codes,
+            weight_scale,
+            global_scale: *global_scale,
+        }))
+    }
+
+    /// The weight as FP32 `[N, K]` on the layer's device. NVFP4 is dequantized in
+    /// ModelOpt's order, `e2m1 · (f32(e4m3) · global_scale)`, bit-identical to
+    /// `NVFP4QTensor.dequantize(dtype=float32)` (the GEMV's `(x·e2m1·e4m3)·global_scale`
+    /// groups the product differently).
+    pub fn dequantize(&self) -> Result<Tensor> {
+        match &self.weight {
+            Weight::Bf16(w) => w.to_dtype(DType::F32),
+            Weight::Nvfp4 { .. } => match self.to_nvfp4()? {
+                Some(q) => Tensor::from_vec(q.dequantize(), (self.n, self.k), self.device()),
+                None => bail!("QuantLinear: internal error, NVFP4 weight not found"),
+            },
+        }
+    }
+}
