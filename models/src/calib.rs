@@ -2,15 +2,11 @@
 //! the calibration tokens, accumulates each Linear group's input Hessian, quantizes the
 //! group and (sequential mode) puts the quantized weights back into the model so that
 //! every later group is calibrated on the activations the quantized model produces.
-//! Optionally (asymmetric calibration, [`crate::gptq::asym_target`]) a second, unmodified
-//! copy of the unquantized model runs alongside, and each group's weights are first
-//! fitted to map the float model's output of that group onto the quantized model's
-//! inputs (moments `X_qᵀX_q` and `X_fᵀX_q` over the same tokens, f64).
 
 use crate::awq::{
     divide_rows, scale_columns, search_o_scales, search_scales, GqaLayout, AWQ_ALPHAS,
 };
-use crate::gptq::{asym_target, gptq_quantize_group, CrossMoment, GptqParams, Hessian};
+use crate::gptq::{gptq_quantize_group, GptqParams, Hessian};
 use crate::llama::{BlockInputs, Site};
 use crate::norm_tweak::{tweak_norms, NormTweakParams};
 use crate::Llama;
@@ -60,11 +56,6 @@ pub(crate) struct CalibRun<'a> {
     pub awq_vo: bool,
     /// AWQ: also return the scaled (unquantized) weights.
     pub keep_scaled: bool,
-    /// Asymmetric calibration ([`crate::gptq::asym_target`]): each group's weights are
-    /// fitted to reproduce the unquantized model's output of that group (its input taken
-    /// from a second, never modified copy of the unquantized model on the same tokens)
-    /// from the partly quantized model's input. Needs `sequential` and the float model.
-    pub asym: bool,
     /// Norm tweaking ([`crate::norm_tweak`]): after a block's Linears are quantized, tune
     /// its two RMSNorm weights so that its output matches the unquantized block's on the
     /// same inputs (sequential mode only).
@@ -91,11 +82,8 @@ pub(crate) struct GptqOutput {
 /// quantized whole with one shared global scale), calibrated on `model` (the unquantized
 /// model; its weights are replaced as it goes in sequential mode). `load` gives a Linear's
 /// original weight `(values, n, k)` by prefix; `on_group` is called after each group.
-/// `float`: with [`CalibRun::asym`], a second copy of the unquantized model (left as it
-/// is), run alongside for the float inputs.
 pub(crate) fn gptq_llama(
     model: &mut Llama,
-    mut float: Option<&mut Llama>,
     run: &CalibRun<'_>,
     groups: &[Vec<String>],
     load: &mut WeightLoader<'_>,
@@ -107,20 +95,11 @@ pub(crate) fn gptq_llama(
     if run.awq_vo && !run.awq {
         bail!("the v_proj → o_proj fold is part of AWQ scaling");
     }
-    if run.asym && !run.sequential {
-        bail!(
-            "asymmetric calibration needs sequential calibration (without it the quantized \
-             and the float inputs are the same)"
-        );
-    }
     if run.norm_tweak.is_some() && !run.sequential {
         bail!("norm tweaking needs sequential calibration");
     }
     if let Some(p) = &run.norm_tweak {
         p.check()?;
-    }
-    if run.asym && float.is_none() {
-        bail!("asymmetric calibration needs the unquantized model's activations (no float model given)");
     }
     if run.awq_vo && model.config().attention_bias {
         bail!(
@@ -142,8 +121,6 @@ pub(crate) fn gptq_llama(
         .iter()
         .map(|w| model.calib_embed(w))
         .collect::<Result<_>>()?;
-    // Asymmetric calibration: the float model's hidden states, window by window.
-    let mut hidden_f: Vec<Tensor> = if run.asym { hidden.clone() } else { vec![] };
     let mut res = GptqOutput::default();
     let out = &mut res.quantized;
     for i in 0..layers {
@@ -166,20 +143,6 @@ pub(crate) fn gptq_llama(
                 on_group(g);
             }
             continue;
-        }
-        // Asymmetric calibration: this block's Linear inputs in the float model (they do
-        // not depend on any quantization), one capture per window.
-        let mut caps_f: Vec<BlockInputs> = vec![];
-        if run.asym {
-            let fm = float
-                .as_deref_mut()
-                .context("asymmetric calibration: no float model")?;
-            for x in hidden_f.iter_mut() {
-                let mut cap = BlockInputs::default();
-                let y = fm.calib_block(i, x, Some(&mut cap))?;
-                caps_f.push(cap);
-                *x = y;
-            }
         }
         // Norm tweaking: the unquantized block's outputs on this block's inputs (before
         // any of its Linears or norms change), the target of the tweak.
@@ -214,21 +177,13 @@ pub(crate) fn gptq_llama(
             let mut h = None;
             let mut h_down = None;
             let mut h_o = None;
-            let mut c: Option<CrossMoment> = None;
             let want_down = run.awq && *site == Site::GateUp && has_down;
             let v_idx = g.iter().position(|p| p.ends_with(".v_proj"));
             let want_o = fold_o && *site == Site::Qkv && v_idx.is_some();
-            for (w, x) in hidden.iter().enumerate() {
+            for x in hidden.iter() {
                 let mut cap = BlockInputs::default();
                 model.calib_block(i, x, Some(&mut cap))?;
                 accumulate(&mut h, cap.get(*site))?;
-                if run.asym {
-                    accumulate_cross(
-                        &mut c,
-                        caps_f.get(w).and_then(|f| f.get(*site)),
-                        cap.get(*site),
-                    )?;
-                }
                 if want_down {
                     accumulate(&mut h_down, cap.get(Site::Down))?;
                 }
@@ -300,11 +255,6 @@ pub(crate) fn gptq_llama(
                             .insert(format!("model.layers.{i}.{name}.weight"), norm);
                         let inv: Vec<f64> = sc.iter().map(|v| 1.0 / *v as f64).collect();
                         h = h.scaled(&inv)?;
-                        // Both inputs in the scaled space: the quantized model's (its norm
-                        // now carries 1/s) and the AWQ-equivalent float model's, `x_f/s`.
-                        if let Some(cc) = &c {
-                            c = Some(cc.scaled(&inv, &inv)?);
-                        }
                         inv_s = Some(inv);
                     }
                     // The Hessian comes from the model whose up_proj (v_proj) rows already
@@ -318,12 +268,6 @@ pub(crate) fn gptq_llama(
                         if let Some(s) = s {
                             for (w, _, k) in ws.iter_mut() {
                                 *w = scale_columns(w, *k, &s);
-                            }
-                            // The quantized input is already the scaled one; the float
-                            // model's becomes the AWQ-equivalent's, `x_f/s`.
-                            if let Some(cc) = &c {
-                                let inv: Vec<f64> = s.iter().map(|v| 1.0 / *v as f64).collect();
-                                c = Some(cc.scaled(&inv, &vec![1.0; inv.len()])?);
                             }
                         }
                     }
@@ -342,17 +286,6 @@ pub(crate) fn gptq_llama(
                 let lam = params.damp * mean;
                 ridge = Some(inv.iter().map(|v| lam * v * v).collect());
                 params.damp = 0.0;
-            }
-            // Asymmetric calibration: GPTQ rounds the weights that best map the float
-            // model's output of this group onto the quantized model's inputs (same
-            // dampening as GPTQ's; AWQ's scaled space on both sides).
-            if run.asym {
-                let c = c.context("asymmetric calibration: no cross moment accumulated")?;
-                let targets = asym_target(&ws, &h, &c, params.damp, ridge.as_deref())
-                    .with_context(|| format!("asymmetric target of {}", g.join(", ")))?;
-                for ((w, _, _), t) in ws.iter_mut().zip(targets) {
-                    *w = t.iter().map(|v| *v as f32).collect();
-                }
             }
             if let Some(r) = &ridge {
                 h.add_diag(r);
@@ -406,17 +339,6 @@ fn accumulate(h: &mut Option<Hessian>, x: Option<&Tensor>) -> Result<()> {
     h.get_or_insert_with(|| Hessian::new(k)).add(x)
 }
 
-fn accumulate_cross(
-    c: &mut Option<CrossMoment>,
-    x_f: Option<&Tensor>,
-    x_q: Option<&Tensor>,
-) -> Result<()> {
-    let x_f = x_f.context("asymmetric calibration: a Linear's float input was not captured")?;
-    let x_q = x_q.context("calibration: a Linear's input was not captured")?;
-    let k = x_q.dim(1)?;
-    c.get_or_insert_with(|| CrossMoment::new(k)).add(x_f, x_q)
-}
-
 fn quantize(
     g: &[String],
     h: Option<Hessian>,
@@ -426,68 +348,4 @@ fn quantize(
     let h = h.context("calibration: no windows")?;
     let ws = load_group(g, load)?;
     gptq_quantize_group(&ws, &h, None, params).with_context(|| format!("GPTQ of {}", g.join(", ")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::LoadOptions;
-    use candle_core::Device;
-
-    /// The tiny ModelOpt fixture's BF16 model as a Hugging Face folder.
-    fn tiny_model() -> (tempfile::TempDir, Llama) {
-        let data =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/modelopt_tiny");
-        let d = tempfile::tempdir().unwrap();
-        let mut cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(data.join("config.json")).unwrap())
-                .unwrap();
-        cfg.as_object_mut().unwrap().remove("quantization_config");
-        std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
-        std::fs::copy(
-            data.join("original.safetensors"),
-            d.path().join("model.safetensors"),
-        )
-        .unwrap();
-        let m = Llama::load(d.path(), &Device::Cpu, &LoadOptions::default()).unwrap();
-        (d, m)
-    }
-
-    #[test]
-    fn missing_float_activations_are_errors() {
-        let x = Tensor::zeros((4, 16), candle_core::DType::F32, &Device::Cpu).unwrap();
-        let mut c = None;
-        let e = accumulate_cross(&mut c, None, Some(&x)).unwrap_err();
-        assert!(format!("{e:#}").contains("float input"), "{e:#}");
-        assert!(accumulate_cross(&mut c, Some(&x), None).is_err());
-        assert!(accumulate_cross(&mut c, Some(&x), Some(&x)).is_ok());
-
-        let (_d, mut m) = tiny_model();
-        let windows = vec![(3u32..40).collect::<Vec<_>>()];
-        let params = GptqParams::default();
-        let mut run = CalibRun {
-            windows: &windows,
-            params: &params,
-            sequential: true,
-            awq: false,
-            awq_vo: false,
-            keep_scaled: false,
-            asym: true,
-            norm_tweak: None,
-        };
-        let groups = vec![vec!["model.layers.0.self_attn.o_proj".to_string()]];
-        let mut load = |_: &str| -> Result<(Vec<f32>, usize, usize)> { bail!("not reached") };
-        // Asymmetric calibration without the float model.
-        let e = gptq_llama(&mut m, None, &run, &groups, &mut load, &mut |_| {}).unwrap_err();
-        assert!(
-            format!("{e:#}").contains("unquantized model's activations"),
-            "{e:#}"
-        );
-        // Nor without sequential calibration.
-        run.sequential = false;
-        let (_d2, mut f) = tiny_model();
-        let e =
-            gptq_llama(&mut m, Some(&mut f), &run, &groups, &mut load, &mut |_| {}).unwrap_err();
-        assert!(format!("{e:#}").contains("sequential"), "{e:#}");
-    }
 }

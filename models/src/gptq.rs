@@ -20,10 +20,6 @@
 //!
 //! With `H` a multiple of the identity, `U` is diagonal, no error is propagated, and the
 //! result is RTN's (ModelOpt's) bit for bit.
-//!
-//! Asymmetric calibration ([`asym_target`], GPTAQ): with the inputs `X_f` of the same
-//! tokens in the unquantized model ([`CrossMoment`] `X_fᵀX_q/n`), GPTQ is run on the
-//! weights `W_t` that minimize `‖W X_f − Ŵ X_q‖²` (dampened towards `W`) instead of on `W`.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -59,7 +55,7 @@ impl Default for GptqParams {
 }
 
 /// `Σ aᵀb` over calibration rows (`[K, K]`, f64) and the number of rows: the state of
-/// [`Hessian`] (`a = b`) and of [`CrossMoment`]. `what` names the owner in errors.
+/// [`Hessian`] (`a = b`). `what` names the owner in errors.
 #[derive(Debug, Clone)]
 struct Moment {
     k: usize,
@@ -188,175 +184,6 @@ impl Hessian {
     }
 }
 
-/// The cross moment of a Linear's inputs in two models on the same tokens, `C = X_fᵀX_q / n`
-/// (`[K, K]`, f64): `X_f` the inputs in the unquantized model, `X_q` the inputs in the
-/// partly quantized one, row `t` of both from the same token. Row `a` of `C` is float input
-/// channel `a`, column `b` quantized input channel `b`. See [`asym_target`].
-#[derive(Debug, Clone)]
-pub struct CrossMoment(Moment);
-
-impl CrossMoment {
-    /// An empty accumulator for inputs of `k` features.
-    pub fn new(k: usize) -> Self {
-        Self(Moment::new(k))
-    }
-
-    /// A given matrix `[k, k]` (row-major), counted as one sample (pairs with
-    /// [`Hessian::from_matrix`]).
-    pub fn from_matrix(k: usize, c: Vec<f64>) -> Result<Self> {
-        Ok(Self(Moment::from_matrix("CrossMoment", k, c)?))
-    }
-
-    /// Input features `K`.
-    pub fn k(&self) -> usize {
-        self.0.k
-    }
-
-    /// Input rows accumulated so far.
-    pub fn samples(&self) -> usize {
-        self.0.samples
-    }
-
-    /// Adds `x_fᵀ x_q` for the float inputs `x_f` and the quantized model's inputs `x_q`
-    /// of the same tokens (both `[t, K]`, any float dtype, any device). With `x_f == x_q`
-    /// this adds exactly what [`Hessian::add`] adds for `x_q`.
-    pub fn add(&mut self, x_f: &Tensor, x_q: &Tensor) -> Result<()> {
-        let (tf, kf) = x_f.dims2()?;
-        let (t, k) = x_q.dims2()?;
-        if tf != t || kf != k || k != self.0.k {
-            bail!(
-                "CrossMoment::add: float inputs [{tf}, {kf}] and quantized inputs [{t}, {k}], \
-                 expected [t, {}] for both",
-                self.0.k
-            );
-        }
-        self.0.add(&cpu_f64(x_f)?, &cpu_f64(x_q)?, t)
-    }
-
-    /// The cross moment of the inputs `x_f ∘ d_f` and `x_q ∘ d_q` (channels multiplied):
-    /// `diag(d_f) C diag(d_q)`.
-    pub fn scaled(&self, d_f: &[f64], d_q: &[f64]) -> Result<CrossMoment> {
-        let k = self.0.k;
-        if d_f.len() != k || d_q.len() != k {
-            bail!(
-                "CrossMoment::scaled: {} and {} factors for K = {k}",
-                d_f.len(),
-                d_q.len()
-            );
-        }
-        Ok(Self(self.0.scaled(d_f, d_q)))
-    }
-
-    /// `X_fᵀX_q / n`, row-major `[K, K]`.
-    pub fn matrix(&self) -> Result<Vec<f64>> {
-        self.0.matrix("CrossMoment")
-    }
-}
-
-/// The dampened Hessian `M` GPTQ factors for `h` and `damp` (dead inputs' diagonal set to
-/// 1, `λ = damp · mean(diag)` added, more if rounding needs it), row-major `[K, K]`.
-pub fn dampened_hessian(h: &Hessian, damp: f64) -> Result<Vec<f64>> {
-    if !(damp.is_finite() && damp >= 0.0) {
-        bail!("gptq: dampening {damp} must be a finite number ≥ 0");
-    }
-    prepare_with_matrix(h, damp).map(|(_, _, m)| m)
-}
-
-/// Asymmetric calibration (GPTAQ, Li et al. 2025): the weights GPTQ should round so that
-/// the quantized layer, fed the quantized model's inputs `X_q`, reproduces the unquantized
-/// layer fed the unquantized model's inputs `X_f`.
-///
-/// `‖W X_f − Ŵ X_q‖² + ‖(W − Ŵ) Λ^½‖²` (the second term is GPTQ's dampening, a pull
-/// towards the original weights) equals, up to a constant, `‖(W_t − Ŵ) M^½‖²` with
-/// `M = H + Λ` ([`dampened_hessian`]) and `W_t (H + Λ) = W (C + Λ)`, i.e.
-/// `W_t = W + W (C − H) M⁻¹` (`H` = `h`'s `X_qᵀX_q/n`, `C` = `c`'s `X_fᵀX_q/n`). So GPTQ
-/// with the Hessian `h` and dampening `damp` on `W_t` minimizes the asymmetric objective.
-/// `ridge`: per-input values added to `H`'s diagonal ([`Hessian::add_diag`]) ahead of
-/// GPTQ's `damp` (a caller that dampens `H` itself, as AWQ's scaled groups do, passes
-/// them here and the undampened `h`: `Λ` is then their sum).
-/// `M⁻¹` is applied through GPTQ's own factor (`M⁻¹ = UᵀU`, no explicit inverse). With
-/// `X_f = X_q` (`C = H` exactly) `W_t = W` bit for bit. Without dampening `W_t = W C H⁻¹`,
-/// the least-squares map of `W X_f` onto `X_q`. Returns `W_t` per weight (row-major, f64).
-pub fn asym_target(
-    weights: &[(Vec<f32>, usize, usize)],
-    h: &Hessian,
-    c: &CrossMoment,
-    damp: f64,
-    ridge: Option<&[f64]>,
-) -> Result<Vec<Vec<f64>>> {
-    let k = h.k();
-    if c.k() != k {
-        bail!("asym: cross moment of K = {}, Hessian of K = {k}", c.k());
-    }
-    if c.samples() != h.samples() {
-        bail!(
-            "asym: the cross moment has {} samples, the Hessian {}: they must come from the \
-             same tokens",
-            c.samples(),
-            h.samples()
-        );
-    }
-    if !(damp.is_finite() && damp >= 0.0) {
-        bail!("asym: dampening {damp} must be a finite number ≥ 0");
-    }
-    let mut rows = 0;
-    for (w, n, wk) in weights {
-        if *wk != k || w.len() != n * k {
-            bail!(
-                "asym: a weight of {} values [{n}, {wk}] does not match the Hessian's K = {k}",
-                w.len()
-            );
-        }
-        if let Some(v) = w.iter().find(|v| !v.is_finite()) {
-            bail!("asym: non-finite weight {v}");
-        }
-        rows += n;
-    }
-    let cm = c.matrix()?;
-    if cm.iter().any(|v| !v.is_finite()) {
-        bail!("asym: the cross moment has non-finite values");
-    }
-    let hm = h.matrix()?;
-    let mut hd = h.clone();
-    if let Some(r) = ridge {
-        if r.len() != k {
-            bail!("asym: {} ridge values for K = {k}", r.len());
-        }
-        if let Some(v) = r.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
-            bail!("asym: ridge value {v} must be finite and ≥ 0");
-        }
-        hd.add_diag(r);
-    }
-    let (u, _, _) = prepare_with_matrix(&hd, damp)?;
-    let cpu = candle_core::Device::Cpu;
-    let d: Vec<f64> = cm.iter().zip(&hm).map(|(a, b)| a - b).collect();
-    let w: Vec<f64> = weights
-        .iter()
-        .flat_map(|(w, _, _)| w.iter().map(|v| *v as f64))
-        .collect();
-    let wt = Tensor::from_vec(w.clone(), (rows, k), &cpu)?;
-    let dt = Tensor::from_vec(d, (k, k), &cpu)?;
-    let ut = Tensor::from_vec(u, (k, k), &cpu)?;
-    // W (C − H) M⁻¹ = ((W (C − H)) Uᵀ) U.
-    let corr = wt
-        .matmul(&dt)?
-        .matmul(&ut.t()?.contiguous()?)?
-        .matmul(&ut)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    let mut out = Vec::with_capacity(weights.len());
-    let mut at = 0;
-    for (_, n, _) in weights {
-        let t: Vec<f64> = (at..at + n * k).map(|i| w[i] + corr[i]).collect();
-        if let Some(v) = t.iter().find(|v| !v.is_finite()) {
-            bail!("asym: non-finite target weight {v}");
-        }
-        at += n * k;
-        out.push(t);
-    }
-    Ok(out)
-}
-
 /// Lower Cholesky factor of `a` `[k, k]` (row-major), or `None` if not positive definite.
 fn cholesky_lower(a: &[f64], k: usize) -> Option<Vec<f64>> {
     let mut l = vec![0f64; k * k];
@@ -427,12 +254,6 @@ pub fn inverse_cholesky_upper(h: &[f64], k: usize) -> Result<Vec<f64>> {
 /// (zero diagonal: inputs that were always 0). Retries with 10× the damping, up to 4
 /// times, if rounding leaves the matrix not positive definite.
 fn prepare(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>)> {
-    prepare_with_matrix(h, damp).map(|(u, dead, _)| (u, dead))
-}
-
-/// [`prepare`], also returning the dampened matrix `M` that `U` factors (`M⁻¹ = UᵀU`).
-#[allow(clippy::type_complexity)]
-fn prepare_with_matrix(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>, Vec<f64>)> {
     let k = h.k();
     let mut m = h.matrix()?;
     if m.iter().any(|v| !v.is_finite()) {
@@ -454,7 +275,7 @@ fn prepare_with_matrix(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>, V
         }
         added = lambda;
         if let Ok(u) = inverse_cholesky_upper(&m, k) {
-            return Ok((u, dead, m));
+            return Ok((u, dead));
         }
         damp = if damp > 0.0 { damp * 10.0 } else { 1e-4 };
     }

@@ -26,9 +26,7 @@
 //! scales and their sharing, exclusions, json files) is the same. With `awq` it also
 //! rescales input channels ([`crate::awq`]; with `awq_vo` o_proj's too, through v_proj's
 //! rows): the RMSNorm weights are written rescaled and the global scales are those of
-//! the scaled weights. With `asym` (asymmetric calibration, GPTAQ) GPTQ rounds weights
-//! fitted to reproduce the unquantized model's outputs from the partly quantized model's
-//! inputs ([`crate::gptq::asym_target`]); global scales are those of the fitted weights.
+//! the scaled weights.
 
 use crate::calib::{gptq_llama, CalibRun};
 use crate::config::LlamaConfig;
@@ -121,13 +119,6 @@ pub enum QuantMethod {
         /// GPTQ's o_proj loss and did not help on the tuning split (`docs/accuracy.md`).
         /// Models with attention biases are refused.
         awq_vo: bool,
-        /// Asymmetric calibration (GPTAQ, [`crate::gptq::asym_target`]): fit each group
-        /// so that, fed the partly quantized model's inputs, it reproduces the
-        /// unquantized model's output of that group (inputs from a second copy of the
-        /// unquantized model on the same tokens), instead of its own output on the same
-        /// inputs. Global scales are those of the fitted weights. Needs `sequential` and
-        /// the NVFP4 output format.
-        asym: bool,
         /// Norm tweaking ([`crate::norm_tweak`]): after each block's Linears are
         /// quantized, tune its two RMSNorm weights so that the block's output matches the
         /// unquantized block's on the same calibration inputs (written rounded to the
@@ -475,7 +466,6 @@ fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
         sequential,
         awq,
         awq_vo,
-        asym,
         norm_tweak,
     } = &opts.method
     else {
@@ -489,18 +479,6 @@ fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
             bail!("norm tweaking (--norm-tweak) tunes the norms of the NVFP4 model; it needs the NVFP4 output format");
         }
         p.check()?;
-    }
-    if *asym && !sequential {
-        bail!(
-            "asymmetric calibration (--asym) needs sequential GPTQ calibration \
-             (drop --no-sequential)"
-        );
-    }
-    if *asym && opts.format != OutputFormat::Nvfp4 {
-        bail!(
-            "asymmetric calibration (--asym) only changes NVFP4 weights; it needs the NVFP4 \
-             output format"
-        );
     }
     if opts.format != OutputFormat::Nvfp4 && !awq {
         bail!(
@@ -688,7 +666,6 @@ fn quantize_model_from(
             params,
             awq,
             awq_vo,
-            asym,
             norm_tweak,
         } => {
             let Source::Hf { dir, .. } = &src else {
@@ -706,15 +683,6 @@ fn quantize_model_from(
             };
             let mut model = Llama::load(dir, &candle_core::Device::Cpu, &lopts)
                 .context("loading the unquantized model for GPTQ calibration")?;
-            // Asymmetric calibration: a second copy, never modified, for the float inputs.
-            let mut float = if *asym {
-                Some(
-                    Llama::load(dir, &candle_core::Device::Cpu, &lopts)
-                        .context("loading the unquantized model for asymmetric calibration")?,
-                )
-            } else {
-                None
-            };
             let run = CalibRun {
                 windows: &windows,
                 params,
@@ -722,13 +690,11 @@ fn quantize_model_from(
                 awq: *awq,
                 awq_vo: *awq_vo,
                 keep_scaled: awq_reference,
-                asym: *asym,
                 norm_tweak: norm_tweak.clone(),
             };
             let mut load = |name: &str| src.matrix_f32(name);
             let qs = gptq_llama(
                 &mut model,
-                float.as_mut(),
                 &run,
                 &groups,
                 &mut load,

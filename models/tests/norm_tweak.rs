@@ -92,7 +92,6 @@ fn opts(ids: Vec<u32>, tweak: Option<NormTweakParams>) -> QuantizeOptions {
             params: GptqParams::default(),
             awq: true,
             awq_vo: false,
-            asym: false,
             norm_tweak: tweak,
         },
     }

@@ -14,10 +14,8 @@
 //! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
 //! `candle_fp4_models::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded into
 //! the norms and up_proj (`candle_fp4_models::awq`); `--awq-vo` also scales o_proj's
-//! inputs, folded into v_proj. `--asym` (asymmetric calibration, GPTAQ) fits each layer
-//! to the unquantized model's outputs from the partly quantized model's inputs (off by
-//! default: it did not help SmolLM2, `docs/accuracy.md`). The default, `--method rtn`, is
-//! byte-identical to ModelOpt.
+//! inputs, folded into v_proj. The default, `--method rtn`, is byte-identical to
+//! ModelOpt.
 
 use anyhow::Result;
 use candle_fp4_models::cli;
@@ -83,12 +81,6 @@ struct Args {
     /// dimension), folded into v_proj's rows. Off by default (no gain on SmolLM2).
     #[arg(long)]
     awq_vo: bool,
-    /// GPTQ: asymmetric calibration (GPTAQ): fit each layer to reproduce the unquantized
-    /// model's output from the partly quantized model's input (runs a second, unquantized
-    /// copy of the model alongside). Needs sequential calibration. Off by default: worse
-    /// on both SmolLM2 tuning folds (docs/accuracy.md).
-    #[arg(long)]
-    asym: bool,
     /// GPTQ: norm tweaking: after each block's Linears are quantized, tune its two RMSNorm
     /// weights (Adam on the block-output MSE against the unquantized block) so that the
     /// quantized block reproduces the unquantized one on the calibration tokens. Needs
@@ -121,9 +113,6 @@ fn run(a: Args) -> Result<()> {
     if a.awq && a.method != Method::Gptq {
         anyhow::bail!("--awq needs --method gptq");
     }
-    if a.asym && a.method != Method::Gptq {
-        anyhow::bail!("--asym needs --method gptq");
-    }
     if a.norm_tweak && a.method != Method::Gptq {
         anyhow::bail!("--norm-tweak needs --method gptq");
     }
@@ -154,7 +143,6 @@ fn run(a: Args) -> Result<()> {
                 },
                 awq: a.awq,
                 awq_vo: a.awq_vo,
-                asym: a.asym,
                 norm_tweak: a.norm_tweak.then_some(NormTweakParams {
                     steps: a.norm_tweak_steps,
                     lr: a.norm_tweak_lr,
