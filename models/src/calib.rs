@@ -8,7 +8,6 @@ use crate::awq::{
 };
 use crate::gptq::{gptq_quantize_group, GptqParams, Hessian};
 use crate::llama::{BlockInputs, Site};
-use crate::norm_tweak::{tweak_norms, NormTweakParams};
 use crate::Llama;
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -56,10 +55,6 @@ pub(crate) struct CalibRun<'a> {
     pub awq_vo: bool,
     /// AWQ: also return the scaled (unquantized) weights.
     pub keep_scaled: bool,
-    /// Norm tweaking ([`crate::norm_tweak`]): after a block's Linears are quantized, tune
-    /// its two RMSNorm weights so that its output matches the unquantized block's on the
-    /// same inputs (sequential mode only).
-    pub norm_tweak: Option<NormTweakParams>,
 }
 
 /// What [`gptq_llama`] produces.
@@ -73,9 +68,6 @@ pub(crate) struct GptqOutput {
     /// AWQ with [`CalibRun::keep_scaled`]: the scaled F32 weights `(values, n, k)` by
     /// module prefix.
     pub scaled: HashMap<String, (Vec<f32>, usize, usize)>,
-    /// Norm tweaking: per block, the block-output loss before and after, and whether the
-    /// tweaked norms were kept.
-    pub norm_tweak: Vec<(usize, f64, f64, bool)>,
 }
 
 /// GPTQ of every group in `groups` (q/k/v, o, gate/up, down of each layer; a group is
@@ -94,12 +86,6 @@ pub(crate) fn gptq_llama(
     }
     if run.awq_vo && !run.awq {
         bail!("the v_proj → o_proj fold is part of AWQ scaling");
-    }
-    if run.norm_tweak.is_some() && !run.sequential {
-        bail!("norm tweaking needs sequential calibration");
-    }
-    if let Some(p) = &run.norm_tweak {
-        p.check()?;
     }
     if run.awq_vo && model.config().attention_bias {
         bail!(
@@ -144,17 +130,6 @@ pub(crate) fn gptq_llama(
             }
             continue;
         }
-        // Norm tweaking: the unquantized block's outputs on this block's inputs (before
-        // any of its Linears or norms change), the target of the tweak.
-        let tweak = run.norm_tweak.as_ref().filter(|_| !jobs.is_empty());
-        let targets: Vec<Tensor> = if tweak.is_some() {
-            hidden
-                .iter()
-                .map(|x| model.calib_block(i, x, None))
-                .collect::<Result<_>>()?
-        } else {
-            vec![]
-        };
         let has_down = jobs.iter().any(|(s, _)| *s == Site::Down);
         let o_group = jobs.iter().find(|(s, _)| *s == Site::O).map(|(_, g)| *g);
         // AWQ: down_proj's input scales, folded into up_proj's rows with gate/up; with
@@ -303,24 +278,6 @@ pub(crate) fn gptq_llama(
             model.replace_linears(i, *site, layers)?;
             out.extend(g.iter().cloned().zip(qs));
             on_group(g);
-        }
-        if let Some(nt) = tweak {
-            let bp = model.block_params(i)?;
-            let r = tweak_norms(&bp, &hidden, &targets, nt)
-                .with_context(|| format!("norm tweaking of layer {i}"))?;
-            if r.kept {
-                model.set_block_norms(i, &r.attn_norm, &r.mlp_norm)?;
-                res.norms.insert(
-                    format!("model.layers.{i}.input_layernorm.weight"),
-                    r.attn_norm,
-                );
-                res.norms.insert(
-                    format!("model.layers.{i}.post_attention_layernorm.weight"),
-                    r.mlp_norm,
-                );
-            }
-            res.norm_tweak
-                .push((i, r.loss_before, r.loss_after, r.kept));
         }
         for x in hidden.iter_mut() {
             *x = model.calib_block(i, x, None)?;

@@ -8,8 +8,6 @@
 //!   (calibrated on text; same ModelOpt checkpoint format).
 //! * [`gguf`]: reading a llama.cpp GGUF as a Hugging Face Llama (weights un-permuted,
 //!   config.json, tokenizer.json built from the GGUF metadata).
-//! * [`norm_tweak`]: norm tweaking after GPTQ (the RMSNorm weights tuned so that each
-//!   quantized block reproduces the unquantized block's output).
 //! * [`tokenizer`], [`sampling`], [`smollm2`]: what the decode binary needs.
 
 pub mod awq;
@@ -20,7 +18,6 @@ pub mod gguf;
 pub mod gptq;
 pub mod kv_cache;
 pub mod llama;
-pub mod norm_tweak;
 pub mod quantize;
 pub mod rope;
 pub mod sampling;

@@ -551,48 +551,6 @@ impl Llama {
         self.calib_block(i, x, None)
     }
 
-    /// Block `i`'s norms and projections for the differentiable forward of norm tweaking
-    /// ([`crate::norm_tweak::BlockParams`]).
-    pub fn block_params(&self, i: usize) -> Result<crate::norm_tweak::BlockParams> {
-        use crate::norm_tweak::{BlockParams, DiffLinear};
-        let Some(b) = self.blocks.get(i) else {
-            bail!("block_params: no block {i}");
-        };
-        let fused = |f: &Fused| -> Result<Vec<DiffLinear>> {
-            match f {
-                Fused::One(l) => Ok(vec![DiffLinear::from_quant_linear(l)?]),
-                Fused::Split(ls) => ls.iter().map(DiffLinear::from_quant_linear).collect(),
-            }
-        };
-        BlockParams::new(
-            &self.cfg,
-            b.attn_norm.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-            b.mlp_norm.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-            fused(&b.qkv)?,
-            DiffLinear::from_quant_linear(&b.o)?,
-            fused(&b.gate_up)?,
-            DiffLinear::from_quant_linear(&b.down)?,
-        )
-    }
-
-    /// Calibration (norm tweaking): sets block `i`'s two norm weights.
-    pub(crate) fn set_block_norms(&mut self, i: usize, attn: &[f32], mlp: &[f32]) -> Result<()> {
-        let h = self.cfg.hidden_size;
-        let Some(b) = self.blocks.get_mut(i) else {
-            bail!("set_block_norms: no block {i}");
-        };
-        if attn.len() != h || mlp.len() != h {
-            bail!(
-                "set_block_norms: {} and {} values for hidden size {h}",
-                attn.len(),
-                mlp.len()
-            );
-        }
-        b.attn_norm = Tensor::from_slice(attn, h, &self.device)?.to_dtype(b.attn_norm.dtype())?;
-        b.mlp_norm = Tensor::from_slice(mlp, h, &self.device)?.to_dtype(b.mlp_norm.dtype())?;
-        Ok(())
-    }
-
     /// Calibration: replaces the Linears of `site` in block `i` by `layers` (q, k, v or
     /// gate, up in that order for the fused sites), keeping their biases.
     pub(crate) fn replace_linears(

@@ -32,7 +32,6 @@ use crate::calib::{gptq_llama, CalibRun};
 use crate::config::LlamaConfig;
 use crate::gguf::GgufModel;
 use crate::gptq::GptqParams;
-use crate::norm_tweak::NormTweakParams;
 use crate::tokenizer::TextTokenizer;
 use crate::{KvCacheKind, Llama, LoadOptions};
 use anyhow::{bail, Context, Result};
@@ -119,11 +118,6 @@ pub enum QuantMethod {
         /// GPTQ's o_proj loss and did not help on the tuning split (`docs/accuracy.md`).
         /// Models with attention biases are refused.
         awq_vo: bool,
-        /// Norm tweaking ([`crate::norm_tweak`]): after each block's Linears are
-        /// quantized, tune its two RMSNorm weights so that the block's output matches the
-        /// unquantized block's on the same calibration inputs (written rounded to the
-        /// norms' dtype). Needs `sequential` and the NVFP4 output format.
-        norm_tweak: Option<NormTweakParams>,
     },
 }
 
@@ -157,9 +151,6 @@ pub struct Summary {
     /// Tensors copied unquantized.
     pub kept: usize,
     pub bytes: u64,
-    /// Norm tweaking: per block, the block-output loss before and after, and whether the
-    /// tweaked norms were kept.
-    pub norm_tweak: Vec<(usize, f64, f64, bool)>,
 }
 
 /// An owned tensor for the safetensors writer.
@@ -466,20 +457,10 @@ fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
         sequential,
         awq,
         awq_vo,
-        norm_tweak,
     } = &opts.method
     else {
         return Ok(());
     };
-    if let Some(p) = norm_tweak {
-        if !sequential {
-            bail!("norm tweaking (--norm-tweak) needs sequential GPTQ calibration (drop --no-sequential)");
-        }
-        if opts.format != OutputFormat::Nvfp4 {
-            bail!("norm tweaking (--norm-tweak) tunes the norms of the NVFP4 model; it needs the NVFP4 output format");
-        }
-        p.check()?;
-    }
     if opts.format != OutputFormat::Nvfp4 && !awq {
         bail!(
             "GPTQ needs the NVFP4 output format (it chooses NVFP4 codes; a BF16 output has none)"
@@ -666,7 +647,6 @@ fn quantize_model_from(
             params,
             awq,
             awq_vo,
-            norm_tweak,
         } => {
             let Source::Hf { dir, .. } = &src else {
                 bail!("GPTQ reads a Hugging Face folder (a GGUF goes through a BF16 copy)");
@@ -690,7 +670,6 @@ fn quantize_model_from(
                 awq: *awq,
                 awq_vo: *awq_vo,
                 keep_scaled: awq_reference,
-                norm_tweak: norm_tweak.clone(),
             };
             let mut load = |name: &str| src.matrix_f32(name);
             let qs = gptq_llama(
@@ -715,7 +694,6 @@ fn quantize_model_from(
     let mut norms = HashMap::new();
     if let Some(o) = gptq.as_mut() {
         norms = std::mem::take(&mut o.norms);
-        summary.norm_tweak = std::mem::take(&mut o.norm_tweak);
     }
     for g in &groups {
         if awq_reference {

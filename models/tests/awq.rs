@@ -237,7 +237,6 @@ fn awq_opts(ids: Vec<u32>, format: OutputFormat, sequential: bool, vo: bool) -> 
             params: GptqParams::default(),
             awq: true,
             awq_vo: vo,
-            norm_tweak: None,
         },
     }
 }

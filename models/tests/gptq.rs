@@ -233,7 +233,6 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             params: GptqParams::default(),
             awq: false,
             awq_vo: false,
-            norm_tweak: None,
         },
     }
 }

@@ -20,7 +20,6 @@
 use anyhow::Result;
 use candle_fp4_models::cli;
 use candle_fp4_models::gptq::GptqParams;
-use candle_fp4_models::norm_tweak::NormTweakParams;
 use candle_fp4_models::quantize::{
     quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
 };
@@ -81,18 +80,6 @@ struct Args {
     /// dimension), folded into v_proj's rows. Off by default (no gain on SmolLM2).
     #[arg(long)]
     awq_vo: bool,
-    /// GPTQ: norm tweaking: after each block's Linears are quantized, tune its two RMSNorm
-    /// weights (Adam on the block-output MSE against the unquantized block) so that the
-    /// quantized block reproduces the unquantized one on the calibration tokens. Needs
-    /// sequential calibration.
-    #[arg(long)]
-    norm_tweak: bool,
-    /// Norm tweaking: Adam steps per block.
-    #[arg(long, default_value_t = NormTweakParams::default().steps)]
-    norm_tweak_steps: usize,
-    /// Norm tweaking: Adam learning rate on the relative change of the norm weights.
-    #[arg(long, default_value_t = NormTweakParams::default().lr)]
-    norm_tweak_lr: f64,
 }
 
 /// `--method`.
@@ -112,15 +99,6 @@ fn run(a: Args) -> Result<()> {
     };
     if a.awq && a.method != Method::Gptq {
         anyhow::bail!("--awq needs --method gptq");
-    }
-    if a.norm_tweak && a.method != Method::Gptq {
-        anyhow::bail!("--norm-tweak needs --method gptq");
-    }
-    let tweak_defaults = NormTweakParams::default();
-    if !a.norm_tweak
-        && (a.norm_tweak_steps != tweak_defaults.steps || a.norm_tweak_lr != tweak_defaults.lr)
-    {
-        anyhow::bail!("--norm-tweak-steps and --norm-tweak-lr need --norm-tweak");
     }
     if a.awq_vo && !a.awq {
         anyhow::bail!("--awq-vo needs --awq");
@@ -143,10 +121,6 @@ fn run(a: Args) -> Result<()> {
                 },
                 awq: a.awq,
                 awq_vo: a.awq_vo,
-                norm_tweak: a.norm_tweak.then_some(NormTweakParams {
-                    steps: a.norm_tweak_steps,
-                    lr: a.norm_tweak_lr,
-                }),
             }
         }
     };
@@ -166,25 +140,6 @@ fn run(a: Args) -> Result<()> {
         s.bytes as f64 / 1e6,
         t.elapsed().as_secs_f64()
     );
-    if !s.norm_tweak.is_empty() {
-        let kept = s.norm_tweak.iter().filter(|r| r.3).count();
-        let ratio: f64 = s
-            .norm_tweak
-            .iter()
-            .map(|r| r.2 / r.1.max(f64::MIN_POSITIVE))
-            .sum::<f64>()
-            / s.norm_tweak.len() as f64;
-        println!(
-            "norm tweaking: kept in {kept} of {} blocks, block-output loss after/before {ratio:.4} (mean)",
-            s.norm_tweak.len()
-        );
-        for (i, b, a, k) in &s.norm_tweak {
-            println!(
-                "  layer {i}: {b:.6e} -> {a:.6e}{}",
-                if *k { "" } else { " (not kept)" }
-            );
-        }
-    }
     Ok(())
 }
 
