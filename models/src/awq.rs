@@ -4,15 +4,9 @@
 //!
 //! For a Linear group `W` with input `x`, `W·x = (W·diag(s))·(x/s)` for any positive `s`:
 //! the weights are quantized as `W·diag(s)` and the `1/s` goes into whatever produces `x`
-//! (the RMSNorm weight `γ` before q/k/v and gate/up, the rows of up_proj before down_proj,
-//! the rows of v_proj before o_proj). The v → o fold holds because attention's output is
-//! `Σ_t p_t v_t` with weights `p_t` that do not depend on V: scaling V's channels scales
-//! the output's. Under grouped-query attention o_proj's input channel `(h, d)` (query head
-//! `h`, dimension `d`) reads V head `h / (heads / kv_heads)`, so its scale is one value per
-//! `(kv head, d)`, shared by the query heads of a group ([`GqaLayout`]); the channel RMS
-//! it is computed from is the RMS over those query heads. The v → o fold is optional
-//! (`quantize --awq-vo`): on SmolLM2, once GPTQ runs, it lowers o_proj's loss by ~1 %
-//! (median over layers) and did not help on the tuning split (`docs/accuracy.md`).
+//! (the RMSNorm weight `γ` before q/k/v and gate/up, the rows of up_proj before down_proj;
+//! o_proj is left alone: the v_proj → o_proj fold was tried and removed, see
+//! `docs/accuracy.md`).
 //! Large `s_j` on the channels with large activations give their weights more of the
 //! NVFP4 grid. `s_j = a_j^α / √(max a^α · min a^α)` with `a_j = √H_jj` (the channel's RMS
 //! over the calibration inputs), `α` from a small grid by the lowest round-to-nearest loss
@@ -135,114 +129,18 @@ pub fn search_scales(
     let m = h.matrix()?;
     let k = h.k();
     let rms: Vec<f64> = (0..k).map(|i| m[i * k + i].max(0.0).sqrt()).collect();
-    let (a, s, _) = search(weights, &m, &rms, alphas, &|s| Ok(s.to_vec()))?;
-    Ok((a, s))
-}
-
-/// Which V row each of o_proj's input channels reads under grouped-query attention:
-/// channel `h·D + d` (query head `h`, head dimension `D`) reads row `(h / r)·D + d` of
-/// v_proj's output, `r = heads / kv_heads` query heads per KV head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GqaLayout {
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-}
-
-impl GqaLayout {
-    /// `heads` query heads over `kv_heads` KV heads of `head_dim` each.
-    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Result<Self> {
-        if heads == 0 || kv_heads == 0 || head_dim == 0 || !heads.is_multiple_of(kv_heads) {
-            bail!(
-                "awq: {heads} query heads, {kv_heads} KV heads of dimension {head_dim}: \
-                 need non-zero sizes and a whole number of query heads per KV head"
-            );
+    let mut best: Option<(f64, f64, Vec<f32>)> = None;
+    for &a in alphas {
+        let s = awq_scales(&rms, a)?;
+        let l = rtn_loss(weights, &s, &m)?;
+        if best.as_ref().is_none_or(|b| l < b.0) {
+            best = Some((l, a, s));
         }
-        Ok(Self {
-            heads,
-            kv_heads,
-            head_dim,
-        })
     }
-
-    /// o_proj's input features, `heads · head_dim`.
-    pub fn o_inputs(&self) -> usize {
-        self.heads * self.head_dim
+    match best {
+        Some((_, a, s)) => Ok((a, s)),
+        None => bail!("awq: empty α grid"),
     }
-
-    /// v_proj's output features, `kv_heads · head_dim`.
-    pub fn v_rows(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-
-    /// The V row o_proj's input channel `j` reads.
-    pub fn v_row(&self, j: usize) -> usize {
-        let rep = self.heads / self.kv_heads;
-        (j / self.head_dim / rep) * self.head_dim + j % self.head_dim
-    }
-
-    /// Per V row `(g, d)`: the RMS of o_proj's input channels that read it, from their
-    /// mean squares `diag` (`H_jj`, one per o_proj input): `√(mean_{h in group g} H_(h,d))`.
-    pub fn pooled_rms(&self, diag: &[f64]) -> Result<Vec<f64>> {
-        if diag.len() != self.o_inputs() {
-            bail!(
-                "awq: {} mean squares for o_proj's {} inputs",
-                diag.len(),
-                self.o_inputs()
-            );
-        }
-        if let Some(v) = diag.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
-            bail!("awq: mean square {v} must be finite and ≥ 0");
-        }
-        let mut sum = vec![0f64; self.v_rows()];
-        for (j, v) in diag.iter().enumerate() {
-            sum[self.v_row(j)] += v;
-        }
-        let rep = (self.heads / self.kv_heads) as f64;
-        Ok(sum.iter().map(|v| (v / rep).sqrt()).collect())
-    }
-
-    /// o_proj's input scales from the per-V-row scales `s_v`: channel `j` gets
-    /// `s_v[v_row(j)]`.
-    pub fn expand(&self, s_v: &[f32]) -> Result<Vec<f32>> {
-        if s_v.len() != self.v_rows() {
-            bail!(
-                "awq: {} scales for v_proj's {} rows",
-                s_v.len(),
-                self.v_rows()
-            );
-        }
-        Ok((0..self.o_inputs()).map(|j| s_v[self.v_row(j)]).collect())
-    }
-}
-
-/// o_proj's AWQ scales under `layout`, with the α of `alphas` of the lowest [`rtn_loss`]
-/// of `o` (`(values, n, k)`, `k` = o_proj's inputs) on its input Hessian `h`: returns α and
-/// the scales per V row (v_proj's row `r` is divided by `s[r]`; o_proj's input channel `j`
-/// is multiplied by `s[layout.v_row(j)]`, [`GqaLayout::expand`]). The channel RMS is
-/// pooled over the query heads of each KV head ([`GqaLayout::pooled_rms`]).
-pub fn search_o_scales(
-    o: &(Vec<f32>, usize, usize),
-    h: &Hessian,
-    layout: GqaLayout,
-    alphas: &[f64],
-) -> Result<(f64, Vec<f32>)> {
-    let k = h.k();
-    if k != layout.o_inputs() || o.2 != k {
-        bail!(
-            "awq: o_proj [{}, {}] with a Hessian of K = {k}, expected K = {}",
-            o.1,
-            o.2,
-            layout.o_inputs()
-        );
-    }
-    let m = h.matrix()?;
-    let diag: Vec<f64> = (0..k).map(|i| m[i * k + i].max(0.0)).collect();
-    let rms = layout.pooled_rms(&diag)?;
-    let (a, _, s_v) = search(std::slice::from_ref(o), &m, &rms, alphas, &|s| {
-        layout.expand(s)
-    })?;
-    Ok((a, s_v))
 }
 
 /// Divides row `r` of the row-major `[n, k]` weight `w` by `s[r]` (`diag(1/s)·W`: the
@@ -259,29 +157,4 @@ pub fn divide_rows(w: &mut [f32], k: usize, s: &[f32]) -> Result<()> {
         row.iter_mut().for_each(|x| *x /= v);
     }
     Ok(())
-}
-
-/// The α of `alphas` whose scales (from `rms`, mapped to the weights' inputs by `expand`)
-/// give the lowest [`rtn_loss`]: α, the input scales, the scales before `expand`.
-#[allow(clippy::type_complexity)]
-fn search(
-    weights: &[(Vec<f32>, usize, usize)],
-    m: &[f64],
-    rms: &[f64],
-    alphas: &[f64],
-    expand: &dyn Fn(&[f32]) -> Result<Vec<f32>>,
-) -> Result<(f64, Vec<f32>, Vec<f32>)> {
-    let mut best: Option<(f64, f64, Vec<f32>, Vec<f32>)> = None;
-    for &a in alphas {
-        let raw = awq_scales(rms, a)?;
-        let s = expand(&raw)?;
-        let l = rtn_loss(weights, &s, m)?;
-        if best.as_ref().is_none_or(|b| l < b.0) {
-            best = Some((l, a, s, raw));
-        }
-    }
-    match best {
-        Some((_, a, s, raw)) => Ok((a, s, raw)),
-        None => bail!("awq: empty α grid"),
-    }
 }

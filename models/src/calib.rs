@@ -3,9 +3,7 @@
 //! group and (sequential mode) puts the quantized weights back into the model so that
 //! every later group is calibrated on the activations the quantized model produces.
 
-use crate::awq::{
-    divide_rows, scale_columns, search_o_scales, search_scales, GqaLayout, AWQ_ALPHAS,
-};
+use crate::awq::{divide_rows, scale_columns, search_scales, AWQ_ALPHAS};
 use crate::gptq::{gptq_quantize_group, GptqParams, Hessian};
 use crate::llama::{BlockInputs, Site};
 use crate::Llama;
@@ -51,8 +49,6 @@ pub(crate) struct CalibRun<'a> {
     /// AWQ channel scaling ([`crate::awq`]) before GPTQ on q/k/v, gate/up and down
     /// (sequential mode only).
     pub awq: bool,
-    /// AWQ: also scale o_proj's inputs, folded into v_proj's rows (needs `awq`).
-    pub awq_vo: bool,
     /// AWQ: also return the scaled (unquantized) weights.
     pub keep_scaled: bool,
 }
@@ -83,15 +79,6 @@ pub(crate) fn gptq_llama(
 ) -> Result<GptqOutput> {
     if run.awq && !run.sequential {
         bail!("AWQ scaling needs sequential calibration");
-    }
-    if run.awq_vo && !run.awq {
-        bail!("the v_proj → o_proj fold is part of AWQ scaling");
-    }
-    if run.awq_vo && model.config().attention_bias {
-        bail!(
-            "AWQ's v_proj → o_proj fold does not support attention biases (v_proj's bias \
-             would need the scales too)"
-        );
     }
     let mut by_layer: HashMap<usize, Vec<(Site, &Vec<String>)>> = HashMap::new();
     for g in groups {
@@ -131,44 +118,18 @@ pub(crate) fn gptq_llama(
             continue;
         }
         let has_down = jobs.iter().any(|(s, _)| *s == Site::Down);
-        let o_group = jobs.iter().find(|(s, _)| *s == Site::O).map(|(_, g)| *g);
-        // AWQ: down_proj's input scales, folded into up_proj's rows with gate/up; with
-        // `awq_vo` o_proj's (one per V row, expanded to o_proj's inputs), folded into
-        // v_proj's rows with q/k/v.
+        // AWQ: down_proj's input scales, folded into up_proj's rows with gate/up.
         let mut down_scale: Option<Vec<f32>> = None;
-        let mut o_scale: Option<Vec<f32>> = None;
-        let fold_o = run.awq && run.awq_vo && o_group.is_some();
-        let gqa = if fold_o {
-            let c = model.config();
-            Some(GqaLayout::new(
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-            )?)
-        } else {
-            None
-        };
         for (site, g) in &jobs {
             let mut h = None;
             let mut h_down = None;
-            let mut h_o = None;
             let want_down = run.awq && *site == Site::GateUp && has_down;
-            let v_idx = g.iter().position(|p| p.ends_with(".v_proj"));
-            let want_o = fold_o && *site == Site::Qkv && v_idx.is_some();
             for x in hidden.iter() {
                 let mut cap = BlockInputs::default();
                 model.calib_block(i, x, Some(&mut cap))?;
                 accumulate(&mut h, cap.get(*site))?;
                 if want_down {
                     accumulate(&mut h_down, cap.get(Site::Down))?;
-                }
-                // o_proj's inputs before q/k/v are quantized (the current model, as for
-                // down_proj's scales before gate/up): its scales must be known when
-                // v_proj's rows are divided by them, ahead of v_proj's GPTQ. o_proj's own
-                // GPTQ Hessian comes later, from the model with the scaled, quantized
-                // q/k/v.
-                if want_o {
-                    accumulate(&mut h_o, cap.get(Site::O))?;
                 }
             }
             let h = h.context("calibration: no windows")?;
@@ -177,28 +138,12 @@ pub(crate) fn gptq_llama(
             // Hessian `diag(1/s) H diag(1/s)` with the dampening of the unscaled problem
             // (`λ = damp · mean(diag H)` on `H`, i.e. `λ/s_j²` on the scaled diagonal).
             // down_proj keeps GPTQ's own dampening of its (scaled) Hessian: the variant
-            // chosen on the tuning split (`docs/accuracy.md`); o_proj with `awq_vo` too.
+            // chosen on the tuning split (`docs/accuracy.md`).
             let mut inv_s: Option<Vec<f64>> = None;
             let mut h = h;
             if run.awq {
                 match site {
                     Site::Qkv | Site::GateUp => {
-                        if let (Some(ho), Some(v), Some(og), Some(gqa)) =
-                            (&h_o, v_idx, o_group, gqa)
-                        {
-                            let o_name = format!("{}.weight", og[0]);
-                            let (_, sv) = search_o_scales(&load(&o_name)?, ho, gqa, &AWQ_ALPHAS)
-                                .with_context(|| format!("AWQ scales of {o_name}"))?;
-                            let (w, n, k) = &mut ws[v];
-                            if *n != gqa.v_rows() {
-                                bail!(
-                                    "AWQ: v_proj has {n} rows, the attention {} (KV heads × head_dim)",
-                                    gqa.v_rows()
-                                );
-                            }
-                            divide_rows(w, *k, &sv)?;
-                            o_scale = Some(gqa.expand(&sv)?);
-                        }
                         if let Some(hd) = &h_down {
                             if let Some(u) = g.iter().position(|p| p.ends_with(".up_proj")) {
                                 let down = format!("model.layers.{i}.mlp.down_proj.weight");
@@ -232,20 +177,16 @@ pub(crate) fn gptq_llama(
                         h = h.scaled(&inv)?;
                         inv_s = Some(inv);
                     }
-                    // The Hessian comes from the model whose up_proj (v_proj) rows already
-                    // carry 1/s: it is the scaled input's.
-                    Site::Down | Site::O => {
-                        let s = if *site == Site::Down {
-                            down_scale.take()
-                        } else {
-                            o_scale.take()
-                        };
-                        if let Some(s) = s {
+                    // The Hessian comes from the model whose up_proj rows already carry
+                    // 1/s: it is the scaled input's.
+                    Site::Down => {
+                        if let Some(s) = down_scale.take() {
                             for (w, _, k) in ws.iter_mut() {
                                 *w = scale_columns(w, *k, &s);
                             }
                         }
                     }
+                    Site::O => {}
                 }
             }
             let mut params = run.params.clone();

@@ -24,9 +24,8 @@
 //! picks the codes and block scales with GPTQ ([`crate::gptq`]) calibrated on text run
 //! through the unquantized model instead; everything else (tensors, layouts, global
 //! scales and their sharing, exclusions, json files) is the same. With `awq` it also
-//! rescales input channels ([`crate::awq`]; with `awq_vo` o_proj's too, through v_proj's
-//! rows): the RMSNorm weights are written rescaled and the global scales are those of
-//! the scaled weights.
+//! rescales input channels ([`crate::awq`]): the RMSNorm weights are written rescaled
+//! and the global scales are those of the scaled weights.
 
 use crate::calib::{gptq_llama, CalibRun};
 use crate::config::LlamaConfig;
@@ -112,12 +111,6 @@ pub enum QuantMethod {
         /// [`OutputFormat::Bf16`] the AWQ-scaled weights are written unquantized in BF16
         /// (the quantized model's unquantized equivalent, for checks).
         awq: bool,
-        /// With `awq`: also scale o_proj's input channels, one scale per (KV head, head
-        /// dimension) shared by the query heads of a group, folded into v_proj's rows
-        /// ([`crate::awq::GqaLayout`]). Off by default: on SmolLM2 it did not lower
-        /// GPTQ's o_proj loss and did not help on the tuning split (`docs/accuracy.md`).
-        /// Models with attention biases are refused.
-        awq_vo: bool,
     },
 }
 
@@ -456,7 +449,6 @@ fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
         params,
         sequential,
         awq,
-        awq_vo,
     } = &opts.method
     else {
         return Ok(());
@@ -468,9 +460,6 @@ fn check_gptq_options(opts: &QuantizeOptions) -> Result<()> {
     }
     if *awq && !sequential {
         bail!("AWQ scaling needs sequential GPTQ calibration (drop --no-sequential)");
-    }
-    if *awq_vo && !awq {
-        bail!("scaling o_proj through v_proj (--awq-vo) is part of AWQ: it needs --awq");
     }
     if *calib_tokens < MIN_CALIB_TOKENS {
         bail!("GPTQ needs at least {MIN_CALIB_TOKENS} calibration tokens, {calib_tokens} asked");
@@ -646,7 +635,6 @@ fn quantize_model_from(
             sequential,
             params,
             awq,
-            awq_vo,
         } => {
             let Source::Hf { dir, .. } = &src else {
                 bail!("GPTQ reads a Hugging Face folder (a GGUF goes through a BF16 copy)");
@@ -668,26 +656,19 @@ fn quantize_model_from(
                 params,
                 sequential: *sequential,
                 awq: *awq,
-                awq_vo: *awq_vo,
                 keep_scaled: awq_reference,
             };
             let mut load = |name: &str| src.matrix_f32(name);
-            let qs = gptq_llama(
-                &mut model,
-                &run,
-                &groups,
-                &mut load,
-                &mut |g| {
-                    for p in g {
-                        done += 1;
-                        on_progress(Progress {
-                            done,
-                            total,
-                            name: p,
-                        });
-                    }
-                },
-            )?;
+            let qs = gptq_llama(&mut model, &run, &groups, &mut load, &mut |g| {
+                for p in g {
+                    done += 1;
+                    on_progress(Progress {
+                        done,
+                        total,
+                        name: p,
+                    });
+                }
+            })?;
             Some(qs)
         }
     };

@@ -232,7 +232,6 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             sequential,
             params: GptqParams::default(),
             awq: false,
-            awq_vo: false,
         },
     }
 }

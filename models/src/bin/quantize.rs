@@ -13,9 +13,8 @@
 //! `--method gptq --calib-text FILE --calib-tokens N` replaces ModelOpt's round-to-nearest
 //! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
 //! `candle_fp4_models::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded into
-//! the norms and up_proj (`candle_fp4_models::awq`); `--awq-vo` also scales o_proj's
-//! inputs, folded into v_proj. The default, `--method rtn`, is byte-identical to
-//! ModelOpt.
+//! the norms and up_proj (`candle_fp4_models::awq`). The default, `--method rtn`, is
+//! byte-identical to ModelOpt.
 
 use anyhow::Result;
 use candle_fp4_models::cli;
@@ -76,10 +75,6 @@ struct Args {
     /// weights unquantized (the quantized model's unquantized equivalent).
     #[arg(long)]
     awq: bool,
-    /// GPTQ + AWQ: also scale o_proj's input channels (one scale per KV head and head
-    /// dimension), folded into v_proj's rows. Off by default (no gain on SmolLM2).
-    #[arg(long)]
-    awq_vo: bool,
 }
 
 /// `--method`.
@@ -100,9 +95,6 @@ fn run(a: Args) -> Result<()> {
     if a.awq && a.method != Method::Gptq {
         anyhow::bail!("--awq needs --method gptq");
     }
-    if a.awq_vo && !a.awq {
-        anyhow::bail!("--awq-vo needs --awq");
-    }
     let method = match a.method {
         Method::Rtn => QuantMethod::Rtn,
         Method::Gptq => {
@@ -120,7 +112,6 @@ fn run(a: Args) -> Result<()> {
                     act_order: a.act_order,
                 },
                 awq: a.awq,
-                awq_vo: a.awq_vo,
             }
         }
     };
