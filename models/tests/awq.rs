@@ -1,12 +1,12 @@
-//! AWQ channel scaling before GPTQ (`candle_fp4_models::awq`, `quantize --method gptq
+//! AWQ channel scaling before GPTQ (`candle_fp4_models::quant::awq`, `quantize --method gptq
 //! --awq`): the folds (norm → Linear, up → down) are exact in exact arithmetic, the scaled
 //! model in BF16 is the original model up to BF16 roundings, the NVFP4 checkpoint loads,
 //! and bad inputs are errors.
 
 use candle_core::{Device, Tensor};
-use candle_fp4_models::awq::{awq_scales, divide_rows, rtn_loss, scale_columns};
-use candle_fp4_models::gptq::GptqParams;
-use candle_fp4_models::quantize::{
+use candle_fp4_models::quant::awq::{awq_scales, divide_rows, rtn_loss, scale_columns};
+use candle_fp4_models::quant::gptq::GptqParams;
+use candle_fp4_models::quant::{
     quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
 };
 use candle_fp4_models::{Llama, LoadOptions};

@@ -12,17 +12,19 @@
 //!
 //! `--method gptq --calib-text FILE --calib-tokens N` replaces ModelOpt's round-to-nearest
 //! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
-//! `candle_fp4_models::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded into
-//! the norms and up_proj (`candle_fp4_models::awq`). The default, `--method rtn`, is
-//! byte-identical to ModelOpt.
+//! `candle_fp4_models::quant::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded
+//! into the norms and up_proj (`candle_fp4_models::quant::awq`). The default, `--method
+//! rtn`, is byte-identical to ModelOpt.
+
+mod common;
 
 use anyhow::Result;
-use candle_fp4_models::cli;
-use candle_fp4_models::gptq::GptqParams;
-use candle_fp4_models::quantize::{
+use candle_fp4_models::quant::gptq::GptqParams;
+use candle_fp4_models::quant::{
     quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
 };
 use clap::{Parser, ValueEnum};
+use common::cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;

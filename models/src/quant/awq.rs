@@ -14,9 +14,10 @@
 //! `W·diag(s)` with the scaled inputs' Hessian `diag(1/s) H diag(1/s)`, dampened as the
 //! unscaled problem would be (`λ = damp · mean(diag H)` on `H`, so `λ/s_j²` on the scaled
 //! diagonal): dampening uniformly in the scaled space instead measured worse on the
-//! tuning split (`docs/accuracy.md`). The driver is [`crate::calib`]'s sequential mode.
+//! tuning split (`docs/accuracy.md`). The calibration driver (`quant/calib.rs`) applies
+//! it in its sequential mode.
 
-use crate::gptq::Hessian;
+use super::hessian::Hessian;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use candle_fp4::nvfp4::{global_scale_for_amax, quantize_nvfp4_slice};

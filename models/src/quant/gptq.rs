@@ -3,11 +3,11 @@
 //! round-to-nearest that writes the same checkpoint format.
 //!
 //! For one Linear `W` `[N, K]` with calibration inputs `X` `[n, K]`, GPTQ minimizes
-//! `‖(W − Ŵ)Xᵀ‖²` column by column: with `H = XᵀX/n + λI` and the upper Cholesky factor
-//! `U` of `H⁻¹` (`H⁻¹ = UᵀU`), column `j` is rounded and its error `e = (w_j − q_j)/U_jj`
-//! is spread over the columns not yet rounded, `w_{>j} −= e · U_{j,>j}` (the
-//! Optimal-Brain-Surgeon update). Rows are independent given `H`, so this runs row tile by
-//! row tile (rayon) with no lazy batching.
+//! `‖(W − Ŵ)Xᵀ‖²` column by column: with `H = XᵀX/n + λI` ([`Hessian`]) and the upper
+//! Cholesky factor `U` of `H⁻¹` (`H⁻¹ = UᵀU`, [`super::hessian::inverse_cholesky_upper`]),
+//! column `j` is rounded and its error `e = (w_j − q_j)/U_jj` is spread over the columns
+//! not yet rounded, `w_{>j} −= e · U_{j,>j}` (the Optimal-Brain-Surgeon update). Rows are
+//! independent given `H`, so this runs row tile by row tile (rayon) with no lazy batching.
 //!
 //! What is NVFP4-specific: at the first column of every 16-column block, the block's E4M3
 //! scale is computed per row from the *current* (error-updated) weights of that block with
@@ -21,8 +21,8 @@
 //! With `H` a multiple of the identity, `U` is diagonal, no error is propagated, and the
 //! result is RTN's (ModelOpt's) bit for bit.
 
+use super::hessian::{prepare, Hessian};
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
 use candle_fp4::nvfp4::{
     block_scale_e4m3, e2m1_decode, e2m1_encode, e4m3_decode, global_scale_for_amax, Nvfp4Quantized,
     BLOCK_SIZE,
@@ -52,234 +52,6 @@ impl Default for GptqParams {
             act_order: false,
         }
     }
-}
-
-/// `Σ aᵀb` over calibration rows (`[K, K]`, f64) and the number of rows: the state of
-/// [`Hessian`] (`a = b`). `what` names the owner in errors.
-#[derive(Debug, Clone)]
-struct Moment {
-    k: usize,
-    sum: Vec<f64>,
-    samples: usize,
-}
-
-impl Moment {
-    fn new(k: usize) -> Self {
-        Self {
-            k,
-            sum: vec![0.0; k * k],
-            samples: 0,
-        }
-    }
-
-    fn from_matrix(what: &str, k: usize, m: Vec<f64>) -> Result<Self> {
-        if m.len() != k * k {
-            bail!("{what}::from_matrix: {} values for [{k}, {k}]", m.len());
-        }
-        Ok(Self {
-            k,
-            sum: m,
-            samples: 1,
-        })
-    }
-
-    /// Adds `aᵀb` for F64 CPU tensors `a`, `b` of `[t, K]` (checked by the caller).
-    fn add(&mut self, a: &Tensor, b: &Tensor, t: usize) -> Result<()> {
-        let p = a.t()?.contiguous()?.matmul(b)?;
-        let v = p.flatten_all()?.to_vec1::<f64>()?;
-        for (s, x) in self.sum.iter_mut().zip(v) {
-            *s += x;
-        }
-        self.samples += t;
-        Ok(())
-    }
-
-    /// `diag(d_a) Σ diag(d_b)` (lengths checked by the caller).
-    fn scaled(&self, d_a: &[f64], d_b: &[f64]) -> Self {
-        let k = self.k;
-        let sum = (0..k * k)
-            .map(|idx| self.sum[idx] * d_a[idx / k] * d_b[idx % k])
-            .collect();
-        Self {
-            k,
-            sum,
-            samples: self.samples,
-        }
-    }
-
-    /// `Σ / n`, row-major `[K, K]`.
-    fn matrix(&self, what: &str) -> Result<Vec<f64>> {
-        if self.samples == 0 {
-            bail!("{what}: no calibration inputs were accumulated");
-        }
-        let n = self.samples as f64;
-        Ok(self.sum.iter().map(|v| v / n).collect())
-    }
-}
-
-/// `x` as an F64 CPU tensor.
-fn cpu_f64(x: &Tensor) -> Result<Tensor> {
-    Ok(x.to_device(&candle_core::Device::Cpu)?
-        .to_dtype(DType::F64)?)
-}
-
-/// The second moment of a Linear's calibration inputs, `H = XᵀX / n` (`[K, K]`, f64).
-#[derive(Debug, Clone)]
-pub struct Hessian(Moment);
-
-impl Hessian {
-    /// An empty accumulator for inputs of `k` features.
-    pub fn new(k: usize) -> Self {
-        Self(Moment::new(k))
-    }
-
-    /// A given symmetric matrix `[k, k]` (row-major), counted as one sample.
-    pub fn from_matrix(k: usize, h: Vec<f64>) -> Result<Self> {
-        Ok(Self(Moment::from_matrix("Hessian", k, h)?))
-    }
-
-    /// Input features `K`.
-    pub fn k(&self) -> usize {
-        self.0.k
-    }
-
-    /// Input rows accumulated so far.
-    pub fn samples(&self) -> usize {
-        self.0.samples
-    }
-
-    /// Adds the rows of `x` (`[t, K]`, any float dtype, any device) to `XᵀX`.
-    pub fn add(&mut self, x: &Tensor) -> Result<()> {
-        let (t, k) = x.dims2()?;
-        if k != self.0.k {
-            bail!(
-                "Hessian::add: input has {k} features, expected {}",
-                self.0.k
-            );
-        }
-        let x = cpu_f64(x)?;
-        self.0.add(&x, &x, t)
-    }
-
-    /// The Hessian of the inputs `x ∘ d` (each input channel `j` multiplied by `d_j`):
-    /// `diag(d) H diag(d)`.
-    pub fn scaled(&self, d: &[f64]) -> Result<Hessian> {
-        if d.len() != self.0.k {
-            bail!("Hessian::scaled: {} factors for K = {}", d.len(), self.0.k);
-        }
-        Ok(Self(self.0.scaled(d, d)))
-    }
-
-    /// Adds `d_j` to the diagonal of `XᵀX / n`.
-    pub fn add_diag(&mut self, d: &[f64]) {
-        let (k, n) = (self.0.k, self.0.samples as f64);
-        for (j, v) in d.iter().enumerate() {
-            self.0.sum[j * k + j] += v * n;
-        }
-    }
-
-    /// `XᵀX / n`, row-major `[K, K]`.
-    pub fn matrix(&self) -> Result<Vec<f64>> {
-        self.0.matrix("Hessian")
-    }
-}
-
-/// Lower Cholesky factor of `a` `[k, k]` (row-major), or `None` if not positive definite.
-fn cholesky_lower(a: &[f64], k: usize) -> Option<Vec<f64>> {
-    let mut l = vec![0f64; k * k];
-    for i in 0..k {
-        for j in 0..=i {
-            let (li, lj) = (&l[i * k..i * k + j], &l[j * k..j * k + j]);
-            let dot: f64 = li.iter().zip(lj).map(|(a, b)| a * b).sum();
-            let v = a[i * k + j] - dot;
-            if i == j {
-                if !(v > 0.0 && v.is_finite()) {
-                    return None;
-                }
-                l[i * k + i] = v.sqrt();
-            } else {
-                l[i * k + j] = v / l[j * k + j];
-            }
-        }
-    }
-    Some(l)
-}
-
-/// Inverse of a lower-triangular `l` `[k, k]` (lower-triangular), row by row.
-fn lower_inverse(l: &[f64], k: usize) -> Vec<f64> {
-    let mut x = vec![0f64; k * k];
-    let mut row = vec![0f64; k];
-    for i in 0..k {
-        row[..=i].fill(0.0);
-        row[i] = 1.0;
-        for m in 0..i {
-            let c = l[i * k + m];
-            if c != 0.0 {
-                let xm = &x[m * k..m * k + m + 1];
-                for (r, v) in row[..=m].iter_mut().zip(xm) {
-                    *r -= c * v;
-                }
-            }
-        }
-        let d = l[i * k + i];
-        for (dst, r) in x[i * k..i * k + i + 1].iter_mut().zip(&row[..=i]) {
-            *dst = r / d;
-        }
-    }
-    x
-}
-
-/// The upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = UᵀU`) for a positive definite `h`.
-///
-/// With `P` the index reversal and `P H P = L Lᵀ`, `H⁻¹ = (P L⁻ᵀ P)(P L⁻¹ P)` and
-/// `U = P L⁻¹ P` is upper triangular with a positive diagonal, hence the factor: one
-/// Cholesky and one triangular inverse, no explicit `H⁻¹`.
-pub fn inverse_cholesky_upper(h: &[f64], k: usize) -> Result<Vec<f64>> {
-    if h.len() != k * k {
-        bail!("inverse_cholesky_upper: {} values for [{k}, {k}]", h.len());
-    }
-    let rev: Vec<f64> = (0..k * k)
-        .map(|idx| h[(k - 1 - idx / k) * k + (k - 1 - idx % k)])
-        .collect();
-    let Some(l) = cholesky_lower(&rev, k) else {
-        bail!("the Hessian is not positive definite");
-    };
-    let li = lower_inverse(&l, k);
-    Ok((0..k * k)
-        .map(|idx| li[(k - 1 - idx / k) * k + (k - 1 - idx % k)])
-        .collect())
-}
-
-/// The dampened Hessian's `U` (see [`inverse_cholesky_upper`]) and the dead columns
-/// (zero diagonal: inputs that were always 0). Retries with 10× the damping, up to 4
-/// times, if rounding leaves the matrix not positive definite.
-fn prepare(h: &Hessian, damp: f64) -> Result<(Vec<f64>, Vec<bool>)> {
-    let k = h.k();
-    let mut m = h.matrix()?;
-    if m.iter().any(|v| !v.is_finite()) {
-        bail!("the calibration Hessian has non-finite values");
-    }
-    let dead: Vec<bool> = (0..k).map(|i| m[i * k + i] == 0.0).collect();
-    for (i, &d) in dead.iter().enumerate() {
-        if d {
-            m[i * k + i] = 1.0;
-        }
-    }
-    let mean_diag = (0..k).map(|i| m[i * k + i]).sum::<f64>() / k as f64;
-    let mut damp = damp;
-    let mut added = 0.0;
-    for _ in 0..5 {
-        let lambda = damp * mean_diag;
-        for i in 0..k {
-            m[i * k + i] += lambda - added;
-        }
-        added = lambda;
-        if let Ok(u) = inverse_cholesky_upper(&m, k) {
-            return Ok((u, dead));
-        }
-        damp = if damp > 0.0 { damp * 10.0 } else { 1e-4 };
-    }
-    bail!("the calibration Hessian is not positive definite even with dampening {damp}")
 }
 
 /// Rounds `v` with the block scale byte `s` (ModelOpt's code choice); returns the code and
@@ -516,46 +288,6 @@ fn quantize_tile(
                         *x -= e * c;
                     }
                 }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inverse_cholesky_factor_inverts() {
-        let k = 5;
-        // A symmetric positive definite matrix: B Bᵀ + I.
-        let b: Vec<f64> = (0..k * k)
-            .map(|i| ((i * 7 % 11) as f64) / 5.0 - 1.0)
-            .collect();
-        let mut h = vec![0f64; k * k];
-        for i in 0..k {
-            for j in 0..k {
-                h[i * k + j] = (0..k).map(|m| b[i * k + m] * b[j * k + m]).sum::<f64>()
-                    + if i == j { 1.0 } else { 0.0 };
-            }
-        }
-        let u = inverse_cholesky_upper(&h, k).unwrap();
-        for i in 0..k {
-            assert!(u[i * k + i] > 0.0);
-            for j in 0..i {
-                assert_eq!(u[i * k + j], 0.0);
-            }
-        }
-        // UᵀU H = I.
-        for i in 0..k {
-            for j in 0..k {
-                let v: f64 = (0..k)
-                    .map(|m| {
-                        (0..k).map(|p| u[p * k + i] * u[p * k + m]).sum::<f64>() * h[m * k + j]
-                    })
-                    .sum();
-                let want = if i == j { 1.0 } else { 0.0 };
-                assert!((v - want).abs() < 1e-10, "({i},{j}): {v}");
             }
         }
     }
