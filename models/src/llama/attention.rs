@@ -25,12 +25,7 @@ pub struct Attention {
 impl Attention {
     /// Loads `{prefix}.q_proj|k_proj|v_proj` (fused) and `{prefix}.o_proj`, checking their
     /// shapes against `cfg`.
-    pub(super) fn load(
-        ld: &Loader<'_>,
-        cfg: &LlamaConfig,
-        prefix: &str,
-        rope: &Rope,
-    ) -> Result<Self> {
+    pub fn load(ld: &Loader<'_>, cfg: &LlamaConfig, prefix: &str, rope: &Rope) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         let names = [

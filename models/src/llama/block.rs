@@ -24,7 +24,7 @@ pub struct Block {
 impl Block {
     /// Loads layer `i`: its attention and MLP (shapes checked against `cfg`), then its two
     /// RMSNorm weights.
-    pub(super) fn load(ld: &Loader<'_>, cfg: &LlamaConfig, i: usize, rope: &Rope) -> Result<Self> {
+    pub fn load(ld: &Loader<'_>, cfg: &LlamaConfig, i: usize, rope: &Rope) -> Result<Self> {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
         let attn = Attention::load(ld, cfg, &a, rope)?;

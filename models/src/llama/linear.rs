@@ -9,8 +9,9 @@ use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
 
-/// Where the modules' `load` functions read their weights from.
-pub(super) struct Loader<'a> {
+/// Where the modules' `load` functions read their weights from (what candle's
+/// `VarBuilder` is to candle-transformers).
+pub struct Loader<'a> {
     /// The checkpoint.
     pub ckpt: &'a Checkpoint,
     /// Which modules are NVFP4.
@@ -33,7 +34,7 @@ impl Loader<'_> {
     }
 
     /// The Linears `prefixes` with their rows concatenated ([`FusedLinear::load`]).
-    pub fn fused(&self, prefixes: &[&str]) -> Result<FusedLinear> {
+    pub(super) fn fused(&self, prefixes: &[&str]) -> Result<FusedLinear> {
         FusedLinear::load(self, prefixes)
     }
 

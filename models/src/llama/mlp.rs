@@ -17,7 +17,7 @@ pub struct Mlp {
 impl Mlp {
     /// Loads `{prefix}.gate_proj|up_proj` (fused) and `{prefix}.down_proj`, checking their
     /// shapes against `cfg`.
-    pub(super) fn load(ld: &Loader<'_>, cfg: &LlamaConfig, prefix: &str) -> Result<Self> {
+    pub fn load(ld: &Loader<'_>, cfg: &LlamaConfig, prefix: &str) -> Result<Self> {
         let h = cfg.hidden_size;
         let names = [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")];
         let names: Vec<&str> = names.iter().map(String::as_str).collect();

@@ -10,7 +10,8 @@
 //! Modules, in the style of candle-transformers' `llama.rs` (each with `load` and
 //! `forward`): [`Llama`] holds the embeddings, the [`Block`]s, the final norm, `lm_head`
 //! and one KV cache per layer; a [`Block`] holds its two norms, an [`Attention`] and an
-//! [`Mlp`]. Each module's `forward_captured` also reports the input of every Linear
+//! [`Mlp`]; every `load` reads from a [`Loader`] (checkpoint, quant config, activation
+//! dtype, device). Each module's `forward_captured` also reports the input of every Linear
 //! group to a [`LinearInputs`] hook ([`Site`] says which group); the quantizer's
 //! calibration collects its Hessians that way ([`Llama::block_output_captured`]) and
 //! puts quantized layers back with [`Block::set_linears`] ([`Llama::block_mut`]).
@@ -24,6 +25,7 @@ mod mlp;
 pub use attention::Attention;
 pub use block::Block;
 pub use capture::{ignore_inputs, LinearInputs, Site};
+pub use linear::Loader;
 pub use mlp::Mlp;
 
 use crate::config::LlamaConfig;
@@ -35,7 +37,6 @@ use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
-use linear::Loader;
 use std::path::Path;
 
 /// How to load a model.
