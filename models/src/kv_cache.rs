@@ -10,46 +10,7 @@
 //!   CUDA split-KV kernel).
 
 use candle_core::{bail, DType, Device, Result, Tensor};
-use candle_fp4::kv_cache::{self as core, CacheShape, KvCache};
-
-/// Which KV cache to allocate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvCacheKind {
-    /// BF16 K and V.
-    #[default]
-    Bf16,
-    /// UltraQuant FP4 (vLLM PR #57057 format: E2M1 + UE8M0 per 32, K Hadamard-rotated).
-    UltraQuant,
-}
-
-impl std::str::FromStr for KvCacheKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "bf16" => Ok(Self::Bf16),
-            "ultraquant" | "uq" | "fp4" => Ok(Self::UltraQuant),
-            _ => Err(format!("unknown KV cache `{s}` (bf16 or ultraquant)")),
-        }
-    }
-}
-
-impl std::fmt::Display for KvCacheKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Bf16 => "bf16",
-            Self::UltraQuant => "ultraquant",
-        })
-    }
-}
-
-impl From<KvCacheKind> for core::KvCacheKind {
-    fn from(k: KvCacheKind) -> Self {
-        match k {
-            KvCacheKind::Bf16 => core::KvCacheKind::Bf16,
-            KvCacheKind::UltraQuant => core::KvCacheKind::UltraQuant,
-        }
-    }
-}
+use candle_fp4::kv_cache::{CacheShape, KvCache, KvCacheKind};
 
 /// One layer's cache (one sequence).
 #[derive(Debug)]
@@ -84,12 +45,13 @@ impl LayerCache {
         };
         Ok(Self {
             kind,
-            inner: KvCache::with_window(kind.into(), shape, window.min(capacity), device)?,
+            inner: KvCache::with_window(kind, shape, window.min(capacity), device)?,
             n_kv,
             head_dim,
         })
     }
 
+    /// The cache's storage.
     pub fn kind(&self) -> KvCacheKind {
         self.kind
     }
@@ -99,6 +61,7 @@ impl LayerCache {
         self.inner.lens()[0]
     }
 
+    /// Whether no token is stored.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -52,6 +52,7 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// The tables for positions `0..max_len` of `cfg`'s head dimension and frequencies.
     pub fn new(cfg: &LlamaConfig, max_len: usize, dtype: DType, device: &Device) -> Result<Self> {
         let f = inv_freq(cfg);
         let h = f.len();

@@ -12,7 +12,12 @@ pub enum Sampling {
     Greedy,
     /// Softmax of `logits / temperature`, restricted to the smallest set of most likely
     /// tokens whose probability reaches `top_p`.
-    TopP { temperature: f64, top_p: f64 },
+    TopP {
+        /// Softmax temperature (> 0).
+        temperature: f64,
+        /// Probability mass kept (in (0, 1]).
+        top_p: f64,
+    },
 }
 
 /// A seeded token sampler.
@@ -53,6 +58,7 @@ impl Sampler {
         })
     }
 
+    /// The sampling rule.
     pub fn sampling(&self) -> Sampling {
         self.sampling
     }
@@ -66,6 +72,7 @@ impl Sampler {
         self.sample_slice(&v)
     }
 
+    /// Picks a token from logits given as a slice (one per vocabulary entry).
     pub fn sample_slice(&mut self, logits: &[f32]) -> Result<u32> {
         if logits.is_empty() {
             bail!("sample: empty logits");

@@ -14,7 +14,10 @@ use tokenizers::Tokenizer;
 pub enum ChatTemplate {
     /// `<|im_start|>role\n…<|im_end|>\n` (SmolLM2, Qwen, …), with the system prompt the
     /// template inserts when none is given.
-    ChatMl { default_system: Option<String> },
+    ChatMl {
+        /// The system message used when the caller gives none.
+        default_system: Option<String>,
+    },
     /// `<|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>`.
     Llama3,
     /// `[INST] <<SYS>>…<</SYS>> … [/INST]`.
@@ -185,6 +188,7 @@ impl TextTokenizer {
         })
     }
 
+    /// The underlying `tokenizers` tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -199,6 +203,7 @@ impl TextTokenizer {
             .to_vec())
     }
 
+    /// Decodes token ids to text, skipping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.tokenizer
             .decode(ids, true)

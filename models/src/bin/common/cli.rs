@@ -1,11 +1,12 @@
 //! Shared pieces of the command-line tools: `--model` resolution (a folder, or
-//! `smollm2` / `smollm2-bf16` fetched and converted on first use), `--device`, progress
-//! bars.
+//! `smollm2` / `smollm2-bf16` fetched and converted on first use), `--device`,
+//! `--kv-cache`, progress bars.
 
-use crate::quantize::Progress;
-use crate::smollm2::{self, Variant};
+use super::smollm2::{self, Variant};
 use anyhow::{bail, Result};
 use candle_core::Device;
+use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4_models::quant::Progress;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
@@ -67,5 +68,23 @@ pub fn device(spec: &str) -> Result<Device> {
             Ok(Device::new_cuda(i)?)
         }
         s => bail!("--device {s}: expected cpu, cuda or cuda:N"),
+    }
+}
+
+/// `--kv-cache bf16|ultraquant` (case-insensitive; `uq` and `fp4` also name UltraQuant), as
+/// a clap value parser.
+pub fn parse_kv_cache(s: &str) -> std::result::Result<KvCacheKind, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "bf16" => Ok(KvCacheKind::Bf16),
+        "ultraquant" | "uq" | "fp4" => Ok(KvCacheKind::UltraQuant),
+        _ => Err(format!("unknown KV cache `{s}` (bf16 or ultraquant)")),
+    }
+}
+
+/// The name `--kv-cache` takes for `kind` (what the tools print).
+pub fn kv_cache_name(kind: KvCacheKind) -> &'static str {
+    match kind {
+        KvCacheKind::Bf16 => "bf16",
+        KvCacheKind::UltraQuant => "ultraquant",
     }
 }

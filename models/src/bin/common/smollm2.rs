@@ -9,9 +9,12 @@
 //!
 //! `<cache>` is `$CANDLE_FP4_CACHE/smollm2`, else `$XDG_CACHE_HOME/candle-fp4/smollm2`,
 //! else `~/.cache/candle-fp4/smollm2`.
+//!
+//! Part of the binaries (`src/bin/common/`), not of the library: it runs `pip`. The ignored
+//! `models/tests/smollm2.rs` includes this file by path.
 
-use crate::quantize::{quantize_model, OutputFormat, Progress, QuantizeOptions, Summary};
 use anyhow::{bail, Context, Result};
+use candle_fp4_models::quant::{quantize_model, OutputFormat, Progress, QuantizeOptions, Summary};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -42,7 +45,9 @@ pub fn cache_dir() -> Result<PathBuf> {
 /// Which conversion of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
+    /// NVFP4 (ModelOpt W4A16), our quantizer's round-to-nearest output.
     Nvfp4,
+    /// BF16: the GGUF dequantized and rounded to BF16.
     Bf16,
 }
 

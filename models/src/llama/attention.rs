@@ -1,0 +1,164 @@
+//! Grouped-query self-attention: fused q|k|v, RoPE, attention over the layer's
+//! [`LayerCache`], o_proj.
+
+use super::capture::{LinearInputs, Site};
+use super::linear::{check_dims, rebiased, FusedLinear, Loader};
+use crate::config::LlamaConfig;
+use crate::kv_cache::LayerCache;
+use crate::rope::Rope;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Module, Tensor};
+use candle_fp4::quant_linear::QuantLinear;
+
+/// One layer's self-attention (`model.layers.{i}.self_attn`).
+#[derive(Debug)]
+pub struct Attention {
+    qkv: FusedLinear,
+    o: QuantLinear,
+    rope: Rope,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    dtype: DType,
+}
+
+impl Attention {
+    /// Loads `{prefix}.q_proj|k_proj|v_proj` (fused) and `{prefix}.o_proj`, checking their
+    /// shapes against `cfg`.
+    pub fn load(ld: &Loader<'_>, cfg: &LlamaConfig, prefix: &str, rope: &Rope) -> Result<Self> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let names = [
+            format!("{prefix}.q_proj"),
+            format!("{prefix}.k_proj"),
+            format!("{prefix}.v_proj"),
+        ];
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let qkv = ld.fused(&names)?;
+        check_dims(
+            &format!("{prefix}.q_proj|k_proj|v_proj"),
+            qkv.out_features(),
+            qkv.in_features(),
+            (nh + 2 * nkv) * hd,
+            h,
+        )?;
+        let o = ld.linear(&format!("{prefix}.o_proj"))?;
+        check_dims(
+            &format!("{prefix}.o_proj"),
+            o.out_features(),
+            o.in_features(),
+            h,
+            nh * hd,
+        )?;
+        Ok(Self {
+            qkv,
+            o,
+            rope: rope.clone(),
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            dtype: ld.dtype,
+        })
+    }
+
+    /// Whether q/k/v carry a bias.
+    pub fn has_qkv_bias(&self) -> bool {
+        self.qkv.has_bias()
+    }
+
+    /// The Linears of `site` (q, k, v fused or not, or o_proj); none for the MLP's.
+    pub fn linears(&self, site: Site) -> Vec<&QuantLinear> {
+        match site {
+            Site::Qkv => self.qkv.layers(),
+            Site::O => vec![&self.o],
+            Site::GateUp | Site::Down => vec![],
+        }
+    }
+
+    /// Replaces the Linears of `site` (q, k, v in that order; or o_proj) by `layers`
+    /// with the old shapes, keeping the old biases.
+    pub fn set_linears(&mut self, site: Site, layers: Vec<QuantLinear>) -> Result<()> {
+        match site {
+            Site::Qkv => self.qkv.replace(layers),
+            Site::O => {
+                let mut new = rebiased(&[&self.o], layers)?;
+                self.o = new.pop().context("no layer given")?;
+                Ok(())
+            }
+            Site::GateUp | Site::Down => bail!("attention has no {site:?} Linears"),
+        }
+    }
+
+    /// Attention over `x` `[t, hidden]` at positions `pos..pos + t`, `mask` the causal
+    /// mask of a chunk (`None` for one token); stores the chunk's K/V in `cache`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        pos: usize,
+        mask: Option<&Tensor>,
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<Tensor> {
+        self.forward_captured(x, pos, mask, cache, &mut super::capture::ignore_inputs)
+    }
+
+    /// [`forward`](Self::forward), reporting the inputs of q/k/v ([`Site::Qkv`]) and
+    /// o_proj ([`Site::O`]) to `hook`.
+    pub fn forward_captured(
+        &self,
+        x: &Tensor,
+        pos: usize,
+        mask: Option<&Tensor>,
+        cache: &mut LayerCache,
+        hook: &mut LinearInputs<'_>,
+    ) -> candle_core::Result<Tensor> {
+        let t = x.dim(0)?;
+        let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let n_rep = nh / nkv;
+        hook(Site::Qkv, x)?;
+        let qkv = self.qkv.forward(x)?;
+        let heads = |start: usize, n: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(1, start * hd, n * hd)?
+                .reshape((t, n, hd))?
+                .transpose(0, 1)?
+                .contiguous()
+        };
+        let q = self
+            .rope
+            .apply(&heads(0, nh)?.unsqueeze(0)?, pos)?
+            .squeeze(0)?;
+        let k = self
+            .rope
+            .apply(&heads(nh, nkv)?.unsqueeze(0)?, pos)?
+            .squeeze(0)?;
+        let v = heads(nh + nkv, nkv)?;
+        if t == 1 {
+            // Decode: the cache stores the token, then attends over everything it holds.
+            let y = cache.decode(&k, &v, &q)?; // [nh, hd] BF16
+            let y = y.reshape((1, nh * hd))?.to_dtype(self.dtype)?;
+            hook(Site::O, &y)?;
+            return self.o.forward(&y);
+        }
+        let (ka, va) = cache.prefill(&k, &v)?; // [nkv, l, hd] BF16
+        let l = ka.dim(1)?;
+        // Query heads h·n_rep..(h+1)·n_rep share KV head h: [nkv, n_rep·t, hd].
+        let q = q.reshape((nkv, n_rep * t, hd))?;
+        let ka = ka.to_dtype(self.dtype)?.contiguous()?;
+        let va = va.to_dtype(self.dtype)?.contiguous()?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut att = (q.matmul(&ka.t()?)? * scale)?.to_dtype(DType::F32)?;
+        if let Some(m) = mask {
+            att = att
+                .reshape((nkv, n_rep, t, l))?
+                .broadcast_add(m)?
+                .reshape((nkv, n_rep * t, l))?;
+        }
+        let att = candle_nn::ops::softmax_last_dim(&att)?.to_dtype(self.dtype)?;
+        let y = att.matmul(&va)?; // [nkv, n_rep·t, hd]
+        let y = y
+            .reshape((nh, t, hd))?
+            .transpose(0, 1)?
+            .reshape((t, nh * hd))?;
+        hook(Site::O, &y)?;
+        self.o.forward(&y)
+    }
+}

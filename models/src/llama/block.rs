@@ -1,0 +1,129 @@
+//! One decoder layer: RMSNorm → [`Attention`] → residual, RMSNorm → [`Mlp`] → residual.
+
+use super::attention::Attention;
+use super::capture::{LinearInputs, Site};
+use super::linear::Loader;
+use super::mlp::Mlp;
+use crate::config::LlamaConfig;
+use crate::kv_cache::LayerCache;
+use crate::rope::Rope;
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use candle_fp4::quant_linear::QuantLinear;
+
+/// A decoder layer (`model.layers.{i}`).
+#[derive(Debug)]
+pub struct Block {
+    attn_norm: Tensor,
+    attn: Attention,
+    mlp_norm: Tensor,
+    mlp: Mlp,
+    eps: f32,
+}
+
+impl Block {
+    /// Loads layer `i`: its attention and MLP (shapes checked against `cfg`), then its two
+    /// RMSNorm weights.
+    pub fn load(ld: &Loader<'_>, cfg: &LlamaConfig, i: usize, rope: &Rope) -> Result<Self> {
+        let p = format!("model.layers.{i}");
+        let a = format!("{p}.self_attn");
+        let attn = Attention::load(ld, cfg, &a, rope)?;
+        let mlp = Mlp::load(ld, cfg, &format!("{p}.mlp"))?;
+        if cfg.attention_bias && !attn.has_qkv_bias() {
+            bail!(
+                "{}: config says attention_bias but `{a}.q_proj.bias` is missing",
+                ld.ckpt.origin()
+            );
+        }
+        let h = cfg.hidden_size;
+        Ok(Self {
+            attn_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+            attn,
+            mlp_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            mlp,
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// The layer over `x` `[t, hidden]` at positions `pos..pos + t` (`mask`: the causal
+    /// mask of a chunk, `None` for one token), storing the chunk's K/V in `cache`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        pos: usize,
+        mask: Option<&Tensor>,
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<Tensor> {
+        self.forward_captured(x, pos, mask, cache, &mut super::capture::ignore_inputs)
+    }
+
+    /// [`forward`](Self::forward), reporting the input of each Linear group to `hook`.
+    pub fn forward_captured(
+        &self,
+        x: &Tensor,
+        pos: usize,
+        mask: Option<&Tensor>,
+        cache: &mut LayerCache,
+        hook: &mut LinearInputs<'_>,
+    ) -> candle_core::Result<Tensor> {
+        let h = candle_nn::ops::rms_norm(x, &self.attn_norm, self.eps)?;
+        let a = self.attn.forward_captured(&h, pos, mask, cache, hook)?;
+        let x = (x + a)?;
+        let h = candle_nn::ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
+        x + self.mlp.forward_captured(&h, hook)?
+    }
+
+    /// Every Linear of the layer: q/k/v (fused or not), o, gate/up, down.
+    pub fn linears(&self) -> Vec<&QuantLinear> {
+        Site::ALL
+            .iter()
+            .flat_map(|s| self.site_linears(*s))
+            .collect()
+    }
+
+    /// The Linears of `site` (q, k, v or gate, up in that order when not fused).
+    pub fn site_linears(&self, site: Site) -> Vec<&QuantLinear> {
+        match site {
+            Site::Qkv | Site::O => self.attn.linears(site),
+            Site::GateUp | Site::Down => self.mlp.linears(site),
+        }
+    }
+
+    /// Replaces the Linears of `site` by `layers` (q, k, v or gate, up in that order for
+    /// the fused sites), which must have the old shapes; the old biases are kept.
+    pub fn set_linears(&mut self, site: Site, layers: Vec<QuantLinear>) -> Result<()> {
+        match site {
+            Site::Qkv | Site::O => self.attn.set_linears(site, layers),
+            Site::GateUp | Site::Down => self.mlp.set_linears(site, layers),
+        }
+    }
+
+    /// The RMSNorm weight in front of `site` (q/k/v: the attention norm; gate/up: the MLP
+    /// norm), in the activation dtype.
+    pub fn norm(&self, site: Site) -> Result<&Tensor> {
+        match site {
+            Site::Qkv => Ok(&self.attn_norm),
+            Site::GateUp => Ok(&self.mlp_norm),
+            Site::O | Site::Down => bail!("{site:?} has no norm in front"),
+        }
+    }
+
+    /// Sets the RMSNorm weight in front of `site` ([`norm`](Self::norm)) to `values`
+    /// (converted to the norm's dtype).
+    pub fn set_norm(&mut self, site: Site, values: &[f32]) -> Result<()> {
+        let norm = match site {
+            Site::Qkv => &mut self.attn_norm,
+            Site::GateUp => &mut self.mlp_norm,
+            Site::O | Site::Down => bail!("{site:?} has no norm in front"),
+        };
+        if values.len() != norm.elem_count() {
+            bail!(
+                "{} values for a norm of {}",
+                values.len(),
+                norm.elem_count()
+            );
+        }
+        *norm = Tensor::from_slice(values, values.len(), norm.device())?.to_dtype(norm.dtype())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,405 @@
+//! Llama (Llama 2, Llama 3 / 3.1, SmolLM2, …) on [`QuantLinear`]: every projection is
+//! NVFP4 or BF16 as the checkpoint's quant config says; q|k|v and gate|up are fused into
+//! one layer each (gate|up runs the GEMV's `silu_mul` epilogue); grouped-query attention
+//! over a preallocated [`LayerCache`]; tied or separate `lm_head`.
+//!
+//! Numerics: activations (residual stream, norms, RoPE, attention) in `dtype` (F32 by
+//! default on CPU, BF16 on CUDA); every projection takes BF16 input and returns BF16
+//! (see `QuantLinear`); softmax in F32; logits returned as F32.
+//!
+//! Modules, in the style of candle-transformers' `llama.rs` (each with `load` and
+//! `forward`): [`Llama`] holds the embeddings, the [`Block`]s, the final norm, `lm_head`
+//! and one KV cache per layer; a [`Block`] holds its two norms, an [`Attention`] and an
+//! [`Mlp`]; every `load` reads from a [`Loader`] (checkpoint, quant config, activation
+//! dtype, device). Each module's `forward_captured` also reports the input of every Linear
+//! group to a [`LinearInputs`] hook ([`Site`] says which group); the quantizer's
+//! calibration collects its Hessians that way ([`Llama::block_output_captured`]) and
+//! puts quantized layers back with [`Block::set_linears`] ([`Llama::block_mut`]).
+
+mod attention;
+mod block;
+mod capture;
+mod linear;
+mod mlp;
+
+pub use attention::Attention;
+pub use block::Block;
+pub use capture::{ignore_inputs, LinearInputs, Site};
+pub use linear::Loader;
+pub use mlp::Mlp;
+
+use crate::config::LlamaConfig;
+use crate::kv_cache::LayerCache;
+use crate::rope::Rope;
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_fp4::checkpoint::Checkpoint;
+use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4::quant_config::QuantConfig;
+use candle_fp4::quant_linear::QuantLinear;
+use std::path::Path;
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// KV-cache storage.
+    pub kv_cache: KvCacheKind,
+    /// Tokens the KV cache holds (prompt + generated); default
+    /// `min(max_position_embeddings, 4096)`.
+    pub max_seq_len: Option<usize>,
+    /// Activation dtype; default F32 on CPU (candle's CPU BF16 ops are slower and
+    /// QuantLinear takes BF16 input either way), BF16 elsewhere.
+    pub dtype: Option<DType>,
+    /// Longest run of tokens pushed through the layers at once; longer inputs are split.
+    /// Default 32, the GEMV's largest M. A chunk of more than 32 tokens runs the
+    /// projections as dequantize + matmul: on the CPU that is ~1.5× faster over a
+    /// 512-token prompt but slower for short ones (every weight is dequantized once per
+    /// chunk). With the UltraQuant cache a chunk attends over its own K/V exactly (see
+    /// `kv_cache`), so this also sets how much of a prompt sees unquantized K/V.
+    pub prefill_chunk: usize,
+    /// UltraQuant cache only: the most recent tokens kept exact in BF16 besides their FP4
+    /// slots (`candle_fp4::kv_cache`'s exact window; 0 = every token read from FP4).
+    /// Default [`DEFAULT_KV_WINDOW`].
+    pub kv_window: usize,
+}
+
+/// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
+/// perplexity cost of the FP4 cache in pure decode drops from +20.8 % to the numbers
+/// there; 64 · kv_heads · head_dim · 4 bytes per layer, 96 KiB per layer for SmolLM2).
+pub const DEFAULT_KV_WINDOW: usize = 64;
+
+/// Rows of hidden states sent through `lm_head` at once by [`Llama::forward_all`].
+pub const MAX_LOGIT_ROWS: usize = 32;
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            kv_cache: KvCacheKind::Bf16,
+            max_seq_len: None,
+            dtype: None,
+            prefill_chunk: 32,
+            kv_window: DEFAULT_KV_WINDOW,
+        }
+    }
+}
+
+/// A Llama model with its KV cache.
+#[derive(Debug)]
+pub struct Llama {
+    cfg: LlamaConfig,
+    quant: QuantConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: QuantLinear,
+    caches: Vec<LayerCache>,
+    dtype: DType,
+    device: Device,
+    max_seq_len: usize,
+    prefill_chunk: usize,
+}
+
+impl Llama {
+    /// Loads a Hugging Face Llama folder (`config.json`, `model.safetensors` or a sharded
+    /// index, and optionally ModelOpt's `hf_quant_config.json`) onto `device`.
+    pub fn load(dir: impl AsRef<Path>, device: &Device, opts: &LoadOptions) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            bail!(
+                "{}: not a model folder (it does not exist or is not a directory)",
+                dir.display()
+            );
+        }
+        let cfg = LlamaConfig::from_dir(dir)?;
+        let quant = QuantConfig::from_dir(dir)?;
+        // SAFETY: the checkpoint files are memory-mapped read-only; like every mmap-based
+        // loader we rely on nobody rewriting them while the model is being loaded (the
+        // tensors are copied into device memory before `ckpt` is dropped).
+        let ckpt = unsafe { Checkpoint::open(dir) }
+            .with_context(|| format!("{}: cannot open the weights", dir.display()))?;
+        let dtype = opts.dtype.unwrap_or(if device.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        });
+        let max_seq_len = opts
+            .max_seq_len
+            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        if max_seq_len == 0 {
+            bail!("max_seq_len must be positive");
+        }
+        let h = cfg.hidden_size;
+        let ld = Loader {
+            ckpt: &ckpt,
+            quant: &quant,
+            dtype,
+            device,
+        };
+
+        let ename = "model.embed_tokens.weight";
+        let e = ckpt.get(ename)?;
+        if !e.dtype.is_float() {
+            bail!("{}: `{ename}` is {:?}: quantized embeddings are not supported (ModelOpt keeps them in 16 bits)", ckpt.origin(), e.dtype);
+        }
+        if e.shape != [cfg.vocab_size, h] {
+            bail!(
+                "{}: `{ename}` has shape {:?}, the config needs [{}, {h}]",
+                ckpt.origin(),
+                e.shape,
+                cfg.vocab_size
+            );
+        }
+        let embed = e.to_tensor(device)?.to_dtype(DType::BF16)?;
+
+        // The RoPE tables (cannot fail on a valid config) are shared by every layer.
+        let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| Block::load(&ld, &cfg, i, &rope))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = ld.vector("model.norm.weight", h)?;
+        let lm_head = if cfg.tie_word_embeddings || !ckpt.contains("lm_head.weight") {
+            QuantLinear::from_bf16(embed.clone(), None)?
+        } else {
+            let l = ld.linear("lm_head")?;
+            if l.out_features() != cfg.vocab_size || l.in_features() != h {
+                bail!(
+                    "{}: `lm_head` is [{}, {}], the config needs [{}, {h}]",
+                    ckpt.origin(),
+                    l.out_features(),
+                    l.in_features(),
+                    cfg.vocab_size
+                );
+            }
+            l
+        };
+        let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        let caches = (0..cfg.num_hidden_layers)
+            .map(|_| LayerCache::new(opts.kv_cache, nkv, hd, max_seq_len, opts.kv_window, device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            cfg,
+            quant,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            caches,
+            dtype,
+            device: device.clone(),
+            max_seq_len,
+            prefill_chunk: opts.prefill_chunk.max(1),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// The checkpoint's quantization settings.
+    pub fn quant_config(&self) -> &QuantConfig {
+        &self.quant
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The activation dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Tokens the KV cache can hold.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// Tokens in the KV cache.
+    pub fn cached_len(&self) -> usize {
+        self.caches.first().map_or(0, LayerCache::len)
+    }
+
+    /// The KV cache's storage.
+    pub fn kv_cache_kind(&self) -> KvCacheKind {
+        self.caches
+            .first()
+            .map_or(KvCacheKind::Bf16, LayerCache::kind)
+    }
+
+    /// KV-cache bytes per token (all layers).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.caches.iter().map(LayerCache::bytes_per_token).sum()
+    }
+
+    /// How many of the model's Linear layers hold NVFP4 weights, out of all.
+    pub fn nvfp4_layer_count(&self) -> (usize, usize) {
+        let mut all: Vec<&QuantLinear> = vec![&self.lm_head];
+        for b in &self.blocks {
+            all.extend(b.linears());
+        }
+        (all.iter().filter(|l| l.is_nvfp4()).count(), all.len())
+    }
+
+    /// The decoder layers.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Decoder layer `i`, to change its weights ([`Block::set_linears`],
+    /// [`Block::set_norm`]).
+    pub fn block_mut(&mut self, i: usize) -> Result<&mut Block> {
+        let n = self.blocks.len();
+        self.blocks
+            .get_mut(i)
+            .with_context(|| format!("no block {i} (the model has {n})"))
+    }
+
+    /// Empties the KV cache.
+    pub fn reset(&mut self) -> Result<()> {
+        for c in &mut self.caches {
+            c.reset()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` at positions `position..position + tokens.len()` and returns the
+    /// logits of the last one, F32 `[vocab]`. `position` is the number of cached tokens
+    /// (continue) or 0 (start over).
+    pub fn forward(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        let h = self.run(tokens, position)?;
+        let last = h.narrow(0, h.dim(0)? - 1, 1)?;
+        Ok(self.logits(&last)?.squeeze(0)?)
+    }
+
+    /// Like [`forward`](Self::forward) but returns the logits of every token, F32
+    /// `[tokens.len(), vocab]`.
+    pub fn forward_all(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        let h = self.run(tokens, position)?;
+        let mut out = vec![];
+        for s in (0..h.dim(0)?).step_by(MAX_LOGIT_ROWS) {
+            let n = MAX_LOGIT_ROWS.min(h.dim(0)? - s);
+            out.push(self.logits(&h.narrow(0, s, n)?)?);
+        }
+        Ok(Tensor::cat(&out, 0)?)
+    }
+
+    /// The embeddings of `tokens`, `[t, hidden]` in the activation dtype (the input of
+    /// block 0; see [`block_output`](Self::block_output)).
+    pub fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
+        self.check_vocab(tokens)?;
+        let ids = Tensor::new(tokens, &self.device)?;
+        Ok(self.embed.index_select(&ids, 0)?.to_dtype(self.dtype)?)
+    }
+
+    /// Block `i` alone over the hidden states `x` `[t, hidden]` of one sequence starting
+    /// at position 0 (the inference forward of that block; the KV cache is left empty).
+    pub fn block_output(&mut self, i: usize, x: &Tensor) -> Result<Tensor> {
+        self.block_output_captured(i, x, &mut ignore_inputs)
+    }
+
+    /// [`block_output`](Self::block_output), reporting the input of each of the block's
+    /// Linear groups to `hook` (what calibration collects).
+    pub fn block_output_captured(
+        &mut self,
+        i: usize,
+        x: &Tensor,
+        hook: &mut LinearInputs<'_>,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        if i >= self.blocks.len() || t == 0 || t > self.max_seq_len {
+            bail!(
+                "block_output: block {i} of {}, {t} tokens (context {})",
+                self.blocks.len(),
+                self.max_seq_len
+            );
+        }
+        let cache = &mut self.caches[i];
+        cache.reset()?;
+        let mask = causal_mask(t, 0, &self.device)?;
+        let y = self.blocks[i].forward_captured(x, 0, mask.as_ref(), cache, hook)?;
+        cache.reset()?;
+        Ok(y)
+    }
+
+    fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            );
+        }
+        Ok(())
+    }
+
+    fn logits(&self, h: &Tensor) -> candle_core::Result<Tensor> {
+        let x = candle_nn::ops::rms_norm(h, &self.norm, self.cfg.rms_norm_eps as f32)?;
+        self.lm_head.forward(&x)?.to_dtype(DType::F32)
+    }
+
+    /// The final hidden states (before the last norm) of `tokens`, `[t, hidden]`.
+    fn run(&mut self, tokens: &[u32], position: usize) -> Result<Tensor> {
+        if tokens.is_empty() {
+            bail!("forward: no tokens");
+        }
+        let cached = self.cached_len();
+        if position > cached {
+            bail!("forward: position {position} is past the {cached} cached tokens");
+        }
+        if position + tokens.len() > self.max_seq_len {
+            bail!(
+                "{} tokens at position {position} exceed the context of {} tokens{}",
+                tokens.len(),
+                self.max_seq_len,
+                if self.max_seq_len < self.cfg.max_position_embeddings {
+                    " (raise max_seq_len, up to max_position_embeddings)"
+                } else {
+                    " (the model's max_position_embeddings)"
+                }
+            );
+        }
+        self.check_vocab(tokens)?;
+        if position != cached {
+            if position != 0 {
+                bail!("forward: position {position} would rewind the KV cache of {cached} tokens; only 0 (start over) or {cached} (continue) are supported");
+            }
+            self.reset()?;
+        }
+        let mut outs = vec![];
+        let mut pos = position;
+        for chunk in tokens.chunks(self.prefill_chunk) {
+            outs.push(self.run_chunk(chunk, pos)?);
+            pos += chunk.len();
+        }
+        Ok(if outs.len() == 1 {
+            outs.pop().unwrap()
+        } else {
+            Tensor::cat(&outs, 0)?
+        })
+    }
+
+    fn run_chunk(&mut self, tokens: &[u32], pos: usize) -> candle_core::Result<Tensor> {
+        let t = tokens.len();
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?.to_dtype(self.dtype)?;
+        let mask = causal_mask(t, pos, &self.device)?;
+        for (b, cache) in self.blocks.iter().zip(self.caches.iter_mut()) {
+            x = b.forward(&x, pos, mask.as_ref(), cache)?;
+        }
+        Ok(x)
+    }
+}
+
+/// The additive causal mask of `t` tokens at positions `pos..pos + t` over `pos + t`
+/// keys, `[t, pos + t]`; none for a single token.
+fn causal_mask(t: usize, pos: usize, device: &Device) -> candle_core::Result<Option<Tensor>> {
+    if t <= 1 {
+        return Ok(None);
+    }
+    let l = pos + t;
+    let m: Vec<f32> = (0..t)
+        .flat_map(|i| (0..l).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Some(Tensor::from_vec(m, (t, l), device)?))
+}
