@@ -62,7 +62,7 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut out, mut font, mut inputs) = (
         PathBuf::from("recipes.png"),
-        PathBuf::from("/usr/share/fonts/truetype/DejaVuSans.ttf"),
+        PathBuf::from("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
         vec![],
     );
     while let Some(a) = args.next() {
