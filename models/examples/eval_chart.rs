@@ -8,7 +8,8 @@
 //! Four panels against the decoder Linears' bytes relative to all-NVFP4: perplexity
 //! increase over BF16 (mean over the evaluation texts, and the worst text), mean KL,
 //! top-1 agreement, greedy agreement on the factual prompts. One point per model, named
-//! by its label; models whose label starts with `mix` are joined by a line.
+//! by its label; models whose label starts with `mix` are joined by a line. Texts whose
+//! name starts with `calib` (the calibration text's held-out part) are left out.
 
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
@@ -31,17 +32,28 @@ fn points(j: &Json) -> Result<Vec<Point>> {
     let refs = j["reference"]["texts"]
         .as_array()
         .context("no reference texts")?;
-    let ref_ppl: Vec<f64> = refs.iter().filter_map(|t| t["ppl"].as_f64()).collect();
+    // The calibration text's held-out part (`calib…`) is reported in the table, not here.
+    let held_out = |t: &&Json| !t["text"].as_str().unwrap_or("").starts_with("calib");
+    let ref_ppl: Vec<f64> = refs
+        .iter()
+        .filter(held_out)
+        .filter_map(|t| t["ppl"].as_f64())
+        .collect();
     let mut out = vec![];
     for m in j["models"].as_array().context("no models")? {
-        let texts = m["texts"].as_array().context("no texts")?;
+        let texts: Vec<&Json> = m["texts"]
+            .as_array()
+            .context("no texts")?
+            .iter()
+            .filter(held_out)
+            .collect();
         let inc: Vec<f64> = texts
             .iter()
             .zip(&ref_ppl)
             .filter_map(|(t, r)| Some(100.0 * (t["ppl"].as_f64()? / r - 1.0)))
             .collect();
         let mean = |f: &dyn Fn(&Json) -> Option<f64>| {
-            texts.iter().filter_map(f).sum::<f64>() / texts.len().max(1) as f64
+            texts.iter().filter_map(|t| f(t)).sum::<f64>() / texts.len().max(1) as f64
         };
         out.push(Point {
             label: m["label"].as_str().unwrap_or("?").to_string(),
@@ -173,6 +185,7 @@ fn main() -> Result<()> {
     let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
+    enc.set_compression(png::Compression::Best);
     enc.write_header()?.write_image_data(&buf)?;
     println!("wrote {}", out.display());
     Ok(())
