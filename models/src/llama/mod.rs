@@ -333,6 +333,19 @@ impl Llama {
         Ok(())
     }
 
+    /// The logits of final hidden states `h` `[t, hidden]` (the last norm and `lm_head`,
+    /// in rows of [`MAX_LOGIT_ROWS`] as [`forward_all`](Self::forward_all)), F32
+    /// `[t, vocab]`: the end of a model run block by block with
+    /// [`block_output`](Self::block_output).
+    pub fn logits_of(&self, h: &Tensor) -> Result<Tensor> {
+        let mut out = vec![];
+        for s in (0..h.dim(0)?).step_by(MAX_LOGIT_ROWS) {
+            let n = MAX_LOGIT_ROWS.min(h.dim(0)? - s);
+            out.push(self.logits(&h.narrow(0, s, n)?)?);
+        }
+        Ok(Tensor::cat(&out, 0)?)
+    }
+
     fn logits(&self, h: &Tensor) -> candle_core::Result<Tensor> {
         let x = candle_nn::ops::rms_norm(h, &self.norm, self.cfg.rms_norm_eps as f32)?;
         self.lm_head.forward(&x)?.to_dtype(DType::F32)

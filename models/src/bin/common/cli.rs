@@ -27,9 +27,22 @@ pub fn progress_bar() -> (ProgressBar, impl FnMut(Progress<'_>)) {
     (pb, f)
 }
 
-/// `--model`: `smollm2` (NVFP4), `smollm2-bf16` (the dequantized GGUF in BF16), or a
-/// Hugging Face / ModelOpt model folder.
+/// `--model`: `smollm2` (NVFP4, the default recipe), `smollm2-rtn` (ModelOpt's
+/// round-to-nearest), `smollm2@RECIPE` (a named recipe, `candle_fp4_models::recipes`),
+/// `smollm2-bf16` (the dequantized GGUF in BF16), or a Hugging Face / ModelOpt folder.
 pub fn resolve_model(spec: &str) -> Result<PathBuf> {
+    let recipe = match spec {
+        "smollm2-rtn" => Some("rtn"),
+        s => s.strip_prefix("smollm2@"),
+    };
+    if let Some(name) = recipe {
+        let r = candle_fp4_models::recipes::by_name(name)?;
+        let (pb, mut on_progress) = progress_bar();
+        let mut log = |s: &str| pb.suspend(|| eprintln!("{s}"));
+        let dir = smollm2::ensure_recipe(&r, &mut log, &mut on_progress);
+        pb.finish_and_clear();
+        return dir;
+    }
     let variant = match spec {
         "smollm2" | "smollm2-nvfp4" => Variant::Nvfp4,
         "smollm2-bf16" => Variant::Bf16,

