@@ -157,7 +157,7 @@ impl CustomOp3 for Nvfp4Gemv {
             ls: l3,
             gs: self.global_scale,
         };
-        match &self.plan {
+        match &self.plan.cuda {
             Some(p) => cuda::forward(OP, p, s1, l1, w),
             None => {
                 let (m, k) = l1.shape().dims2()?;
@@ -215,7 +215,7 @@ impl CustomOp2 for Bf16Gemv {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         const OP: &str = "bf16_gemv";
         let w = cuda::Weights::Bf16 { w: s2, lw: l2 };
-        match &self.plan {
+        match &self.plan.cuda {
             Some(p) => cuda::forward(OP, p, s1, l1, w),
             None => {
                 let (m, k) = l1.shape().dims2()?;

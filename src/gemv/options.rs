@@ -108,9 +108,9 @@ impl GemvPlan {
 }
 
 /// What an op carries of its plan: on CUDA builds the plan made once for its weight, or
-/// `None` (planned per call).
-#[cfg(feature = "cuda")]
-pub(crate) type Plan = Option<std::sync::Arc<GemvPlan>>;
-/// What an op carries of its plan: nothing without CUDA.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type Plan = ();
+/// `None` (planned per call); nothing without CUDA.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Plan {
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Option<std::sync::Arc<GemvPlan>>,
+}

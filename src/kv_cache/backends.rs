@@ -36,7 +36,7 @@ fn cpu_lens(op: &str, s: &CpuStorage, l: &Layout) -> Result<Vec<usize>> {
 
 #[cfg(feature = "cuda")]
 fn plan_of<'a>(op: &str, p: &'a super::ops::PlanRef) -> Result<&'a super::plan::AttnPlan> {
-    match p {
+    match &p.cuda {
         Some(p) => Ok(p),
         None => bail!("{op}: the cache has no CUDA plan (it was made on another device)"),
     }

@@ -6,12 +6,12 @@ use super::shape::{CacheShape, DecodeOptions, KvCacheKind};
 use candle_core::{Shape, Tensor};
 
 /// What an op carries of its cache's plan: the CUDA kernels resolved when the cache was
-/// made (`None` on the CPU).
-#[cfg(feature = "cuda")]
-pub(crate) type PlanRef = Option<std::sync::Arc<super::plan::AttnPlan>>;
-/// What an op carries of its cache's plan: nothing without CUDA.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type PlanRef = ();
+/// made (`None` on the CPU); nothing without CUDA.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PlanRef {
+    #[cfg(feature = "cuda")]
+    pub(crate) cuda: Option<std::sync::Arc<super::plan::AttnPlan>>,
+}
 
 /// The plan of a cache of `kind` and `shape` on `device` (with an exact window or not):
 /// on a GPU every kernel it will launch, resolved now.
@@ -23,10 +23,12 @@ pub(crate) fn make_plan(
     device: &candle_core::Device,
 ) -> candle_core::Result<PlanRef> {
     match device {
-        candle_core::Device::Cuda(d) => Ok(Some(std::sync::Arc::new(super::plan::AttnPlan::new(
-            d, kind, shape, window,
-        )?))),
-        _ => Ok(None),
+        candle_core::Device::Cuda(d) => Ok(PlanRef {
+            cuda: Some(std::sync::Arc::new(super::plan::AttnPlan::new(
+                d, kind, shape, window,
+            )?)),
+        }),
+        _ => Ok(PlanRef::default()),
     }
 }
 
@@ -38,7 +40,7 @@ pub(crate) fn make_plan(
     _window: bool,
     _device: &candle_core::Device,
 ) -> candle_core::Result<PlanRef> {
-    Ok(())
+    Ok(PlanRef::default())
 }
 
 pub(crate) use crate::layout::contiguous_range as range;

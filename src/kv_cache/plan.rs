@@ -62,7 +62,7 @@ fn kernel_configs(dev: &CudaDevice, loaded: &Loaded) -> Result<Arc<Vec<i32>>> {
         unsafe { launch_grid(&stream, &f, (1, 1, 1), 32, 0, &p)? };
     }
     let v = stream
-        .memcpy_dtov(&buf)
+        .clone_dtoh(&buf)
         .map_err(|e| cuda_err("reading the attention kernel configs", e))?;
     let c = Arc::new(v);
     t.insert(key, c.clone());

@@ -97,10 +97,12 @@ fn make_plan(
     opts: &GemvOptions,
 ) -> Result<Plan> {
     match (device, nt) {
-        (Device::Cuda(d), Some(nt)) => Ok(Some(std::sync::Arc::new(crate::gemv::cuda::plan(
-            d, fp4, n, k, nt, opts,
-        )?))),
-        _ => Ok(None),
+        (Device::Cuda(d), Some(nt)) => Ok(Plan {
+            cuda: Some(std::sync::Arc::new(crate::gemv::cuda::plan(
+                d, fp4, n, k, nt, opts,
+            )?)),
+        }),
+        _ => Ok(Plan::default()),
     }
 }
 
@@ -113,5 +115,5 @@ fn make_plan(
     _nt: Option<usize>,
     _opts: &GemvOptions,
 ) -> Result<Plan> {
-    Ok(())
+    Ok(Plan::default())
 }
