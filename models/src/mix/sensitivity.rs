@@ -10,7 +10,7 @@ use super::select::{bf16_bytes, nvfp4_bytes, MixCandidate};
 use crate::eval::metrics::{kl_divergence, log_softmax};
 use crate::llama::Site;
 use crate::quant::rtn::quantize_group;
-use crate::{Llama, LoadOptions};
+use crate::llama::{Llama, LoadOptions};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::checkpoint::Checkpoint;
