@@ -52,6 +52,7 @@
 
 mod bf16_cache;
 mod cpu;
+mod fork;
 pub(crate) mod ops;
 mod ultraquant_cache;
 
@@ -187,6 +188,21 @@ impl CacheShape {
             .and_then(|n| n.checked_mul(per_token_head))
             .ok_or_else(|| candle_core::Error::Msg(format!("{what}: cache size overflows usize")))
     }
+}
+
+/// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before
+/// an infallible allocation would abort (CPU only; CUDA allocations fail with an error).
+pub(crate) fn check_alloc(
+    what: &str,
+    elems: usize,
+    elem_bytes: u64,
+    device: &Device,
+) -> Result<()> {
+    if device.is_cpu() {
+        let bytes = crate::error::checked_mul(what, elems as u64, elem_bytes)?;
+        crate::error::check_host_alloc(what, bytes)?;
+    }
+    Ok(())
 }
 
 /// Launch options of decode attention (CUDA only; the CPU ignores them).
@@ -361,7 +377,8 @@ pub(crate) fn check_query(
 }
 
 /// A KV cache of either kind, with the same interface, so models switch with one option.
-#[derive(Debug, Clone)]
+/// No `Clone` (it would share storage written in place): [`KvCache::try_clone`].
+#[derive(Debug)]
 pub enum KvCache {
     /// BF16 storage.
     Bf16(Bf16Cache),

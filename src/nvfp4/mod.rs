@@ -19,6 +19,7 @@ mod codec;
 mod dequant;
 mod quantize;
 mod swizzle;
+mod validate;
 
 pub use codec::{e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, E2M1_VALUES, E4M3_MAX};
 pub use dequant::{dequantize_nvfp4, dequantize_rows, dequantize_rows_cpu};
@@ -30,6 +31,7 @@ pub use swizzle::{
     swizzle_blockscale, swizzle_blockscale_bytes, swizzled_offset, swizzled_shape,
     unswizzle_blockscale, unswizzle_blockscale_bytes,
 };
+pub use validate::first_bad_block_scale;
 
 /// Number of weights that share one E4M3 block scale.
 pub const BLOCK_SIZE: usize = 16;

@@ -74,8 +74,9 @@ pub fn block_scale_e4m3(block_amax: f32, global_scale: f32) -> u8 {
 ///   cast to E4M3 with round-to-nearest-even (small scales become subnormal);
 /// * codes: E2M1 of `w / (f32(scale) · global_scale)`, ties to even, saturating at ±6.
 ///
-/// Errors on `k` not a multiple of 16, a length that is not `n·k`, NaN/Inf in `w`, an
-/// all-zero matrix (its global scale would be 0), or a given global scale that is not a
+/// Errors on `k` not a multiple of 16, a length that is not `n·k` (or an `n·k` that
+/// overflows), NaN/Inf in `w`, an all-zero matrix or one whose amax is so small (below
+/// about 1.5e-42) that its global scale underflows to 0, or a given global scale that is not a
 /// positive finite number or is smaller than this matrix needs (`amax / (6·448)`).
 pub fn quantize_nvfp4_slice(
     w: &[f32],
@@ -86,7 +87,8 @@ pub fn quantize_nvfp4_slice(
     if k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
         bail!("quantize_nvfp4: in_features k = {k} must be a positive multiple of {BLOCK_SIZE}");
     }
-    if w.len() != n * k {
+    let len = crate::error::checked_product("quantize_nvfp4: n·k", &[n, k])?;
+    if w.len() != len {
         bail!(
             "quantize_nvfp4: got {} values for a [{n}, {k}] matrix",
             w.len()
@@ -108,6 +110,9 @@ pub fn quantize_nvfp4_slice(
         None => {
             if amax == 0.0 {
                 bail!("quantize_nvfp4: the [{n}, {k}] matrix is all zeros; its global scale would be 0");
+            }
+            if own == 0.0 {
+                bail!("quantize_nvfp4: the [{n}, {k}] matrix's amax {amax:e} is so small that its global scale amax/(6*448) underflows to 0 in FP32");
             }
             own
         }
