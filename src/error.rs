@@ -12,12 +12,22 @@
 //! use candle_fp4::checkpoint::Checkpoint;
 //! use candle_fp4::error::{find, CheckpointError};
 //!
-//! let dir = std::env::temp_dir().join("candle-fp4-doc-no-such-model");
+//! // An empty folder: no weights.
+//! let dir = std::env::temp_dir().join(format!("candle-fp4-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
 //! let err = Checkpoint::read(&dir).unwrap_err();
+//! assert!(matches!(err, CheckpointError::NoWeights { .. }));
+//! // Through a function that returns candle's error type, the same error is found again.
+//! let loaded = |d: &std::path::Path| -> candle_core::Result<()> {
+//!     Checkpoint::read(d)?;
+//!     Ok(())
+//! };
+//! let err = loaded(&dir).unwrap_err();
 //! assert!(matches!(
 //!     find::<CheckpointError>(&err),
 //!     Some(CheckpointError::NoWeights { .. })
 //! ));
+//! std::fs::remove_dir(&dir).unwrap();
 //! ```
 //!
 //! Every message names the file, tensor or field and shows the offending value as it was

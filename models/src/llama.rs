@@ -39,6 +39,10 @@ pub struct LoadOptions {
     /// slots (`candle_fp4::kv_cache`'s exact window; 0 = every token read from FP4).
     /// Default [`DEFAULT_KV_WINDOW`].
     pub kv_window: usize,
+    /// Accept a `max_seq_len` beyond the model's `max_position_embeddings` (positions the
+    /// model was not trained for); default `false`: such a request is a
+    /// [`ConfigError::ContextTooLong`](crate::errors::ConfigError::ContextTooLong).
+    pub allow_long_context: bool,
 }
 
 /// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
@@ -54,6 +58,7 @@ impl Default for LoadOptions {
             dtype: None,
             prefill_chunk: 32,
             kv_window: DEFAULT_KV_WINDOW,
+            allow_long_context: false,
         }
     }
 }
@@ -151,13 +156,15 @@ pub struct Llama {
     prefill_chunk: usize,
 }
 
-fn check_dims(what: &str, l: &Fused, n: usize, k: usize) -> Result<()> {
+fn check_dims(origin: &str, what: &str, l: &Fused, n: usize, k: usize) -> Result<()> {
     if l.out_features() != n || l.in_features() != k {
-        bail!(
-            "`{what}` is [{}, {}], the config needs [{n}, {k}]",
-            l.out_features(),
-            l.in_features()
-        );
+        return Err(crate::errors::ConfigError::ShapeMismatch {
+            origin: origin.to_string(),
+            tensor: what.to_string(),
+            found: vec![l.out_features(), l.in_features()],
+            expected: vec![n, k],
+        }
+        .into());
     }
     Ok(())
 }
@@ -190,12 +197,7 @@ impl Llama {
         } else {
             DType::BF16
         });
-        let max_seq_len = opts
-            .max_seq_len
-            .unwrap_or(cfg.max_position_embeddings.min(4096));
-        if max_seq_len == 0 {
-            bail!("max_seq_len must be positive");
-        }
+        let max_seq_len = crate::validate::check_load(&cfg, dir, &ckpt, opts)?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
 
@@ -227,17 +229,25 @@ impl Llama {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             let qkv = Fused::load(&ckpt, &names, device, &quant)?;
             check_dims(
+                ckpt.origin(),
                 &format!("{a}.q_proj|k_proj|v_proj"),
                 &qkv,
                 (nh + 2 * nkv) * hd,
                 h,
             )?;
             let o = QuantLinear::load(&ckpt, &format!("{a}.o_proj"), device, &quant)?;
-            check_dims(&format!("{a}.o_proj"), &Fused::One(o.clone()), h, nh * hd)?;
+            check_dims(
+                ckpt.origin(),
+                &format!("{a}.o_proj"),
+                &Fused::One(o.clone()),
+                h,
+                nh * hd,
+            )?;
             let gu = [format!("{m}.gate_proj"), format!("{m}.up_proj")];
             let gu: Vec<&str> = gu.iter().map(String::as_str).collect();
             let gate_up = Fused::load(&ckpt, &gu, device, &quant)?;
             check_dims(
+                ckpt.origin(),
                 &format!("{m}.gate_proj|up_proj"),
                 &gate_up,
                 2 * cfg.intermediate_size,
@@ -245,6 +255,7 @@ impl Llama {
             )?;
             let down = QuantLinear::load(&ckpt, &format!("{m}.down_proj"), device, &quant)?;
             check_dims(
+                ckpt.origin(),
                 &format!("{m}.down_proj"),
                 &Fused::One(down.clone()),
                 h,
@@ -278,7 +289,9 @@ impl Llama {
             });
         }
         let norm = load_vector(&ckpt, "model.norm.weight", h, dtype, device)?;
-        let lm_head = if cfg.tie_word_embeddings || !ckpt.contains("lm_head.weight") {
+        // Untied: `lm_head.weight` must be there (a missing one is an error naming it,
+        // never a silent fallback to the embedding).
+        let lm_head = if cfg.tie_word_embeddings {
             QuantLinear::from_bf16(embed_w.clone(), None)?
         } else {
             let l = QuantLinear::load(&ckpt, "lm_head", device, &quant)?;

@@ -194,18 +194,9 @@ impl View for &OwnedTensor {
     }
 }
 
+/// The safetensors dtype of a candle dtype (every dtype a checkpoint can hold maps back).
 fn st_dtype(dt: DType) -> Result<StDtype> {
-    Ok(match dt {
-        DType::BF16 => StDtype::BF16,
-        DType::F16 => StDtype::F16,
-        DType::F32 => StDtype::F32,
-        DType::F64 => StDtype::F64,
-        DType::U8 => StDtype::U8,
-        DType::U32 => StDtype::U32,
-        DType::I64 => StDtype::I64,
-        DType::F8E4M3 => StDtype::F8_E4M3,
-        d => bail!("cannot write dtype {d:?}"),
-    })
+    Ok(StDtype::from(dt))
 }
 
 /// Serializes `tensors` as Python's `safetensors.torch.save_file(..., metadata={"format": "pt"})` does.
@@ -254,7 +245,7 @@ pub fn nvfp4_tensors(prefix: &str, q: &Nvfp4Quantized) -> Vec<(String, OwnedTens
 pub fn quantize_group(weights: &[(Vec<f32>, usize, usize)]) -> Result<Vec<Nvfp4Quantized>> {
     let mut shared = 0f32;
     for (w, n, k) in weights {
-        if w.len() != n * k {
+        if n.checked_mul(*k) != Some(w.len()) {
             bail!("quantize_group: {} values for [{n}, {k}]", w.len());
         }
         let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -296,12 +287,7 @@ impl Source {
             bail!("{}: no such file or folder", input.display());
         }
         let cpath = input.join("config.json");
-        let text = std::fs::read_to_string(&cpath).with_context(|| {
-            format!(
-                "{}: cannot read config.json (a Hugging Face model folder needs one)",
-                input.display()
-            )
-        })?;
+        let text = crate::config::read_config_text(input)?;
         let config: Json = serde_json::from_str(&text)
             .with_context(|| format!("{}: invalid JSON", cpath.display()))?;
         if QuantConfig::from_dir(input)?.quantizes() {
@@ -336,7 +322,7 @@ impl Source {
             Self::Hf { ckpt, .. } => {
                 let t = ckpt.get(name)?;
                 Ok(OwnedTensor {
-                    dtype: st_dtype(t.dtype)?,
+                    dtype: st_dtype(t.dtype).with_context(|| format!("tensor `{name}`"))?,
                     shape: t.shape.clone(),
                     data: t.data.to_vec(),
                 })
@@ -549,6 +535,10 @@ fn sibling_tmp(p: &Path, tag: &str) -> PathBuf {
 /// With [`QuantMethod::Gptq`] the unquantized model is run over the calibration tokens
 /// first (a GGUF is converted to a temporary BF16 folder next to `output` for that, and
 /// the weights are read from there: the same BF16 values).
+///
+/// The files are written into a staging folder next to `output` and moved into place
+/// only when complete ([`crate::staging::write_atomically`]): a failed run leaves `output`
+/// as it was.
 pub fn quantize_model(
     input: &Path,
     output: &Path,
@@ -556,6 +546,19 @@ pub fn quantize_model(
     on_progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Summary> {
     check_gptq_options(opts)?;
+    let mut s = crate::staging::write_atomically(output, |staging| {
+        quantize_model_staged(input, staging, opts, on_progress)
+    })?;
+    s.output = output.to_path_buf();
+    Ok(s)
+}
+
+fn quantize_model_staged(
+    input: &Path,
+    output: &Path,
+    opts: &QuantizeOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Summary> {
     if matches!(opts.method, QuantMethod::Gptq { .. }) && input.is_file() {
         let tmp = sibling_tmp(output, "bf16");
         let _ = std::fs::remove_dir_all(&tmp);
@@ -612,8 +615,15 @@ fn quantize_model_from(
     let format = opts.format;
     let src = Source::open(input)?;
     let mut config = src.config()?;
-    // Fail early on a model this port cannot run.
-    LlamaConfig::from_json_str(&config.to_string(), &format!("{}: config", input.display()))?;
+    // Fail early on a model this port cannot run, or whose config and weights disagree.
+    let corigin = format!("{}: config", input.display());
+    let cfg = LlamaConfig::from_json_str(&config.to_string(), &corigin)?;
+    crate::validate::check_layer_count(
+        &cfg,
+        &corigin,
+        &input.display().to_string(),
+        &src.names().iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
     if output.exists() {
         let empty = std::fs::read_dir(output)
             .map(|mut d| d.next().is_none())
@@ -703,6 +713,7 @@ fn quantize_model_from(
                 dtype: None,
                 prefill_chunk: longest,
                 kv_window: 0,
+                ..Default::default()
             };
             let mut model = Llama::load(dir, &candle_core::Device::Cpu, &lopts)
                 .context("loading the unquantized model for GPTQ calibration")?;
@@ -862,12 +873,9 @@ fn quantize_model_from(
     }
     match &src {
         Source::Hf { dir, .. } => {
+            let folder = candle_fp4::checkpoint::ModelFolder::new(dir)?;
             for f in TOKENIZER_FILES {
-                let p = dir.join(f);
-                if p.is_file() {
-                    std::fs::copy(&p, output.join(f))
-                        .with_context(|| format!("cannot copy {}", p.display()))?;
-                }
+                crate::staging::copy_model_file(&folder, f, &output.join(f))?;
             }
         }
         Source::Gguf(g) => {
