@@ -1,9 +1,9 @@
-//! Typed errors of the file-reading layer ([`CheckpointError`], [`SizeError`]) and
+//! Typed errors of the file-reading layer ([`CheckpointError`], [`SizeError`],
+//! [`QuantizeError`]) and
 //! [`find`], which digs one out of the candle or `anyhow` error that carries it.
 //!
 //! The library's functions return `candle_core::Result`; the checkpoint reader returns
-//! `Result<_, CheckpointError>` directly. When a [`CheckpointError`] or [`SizeError`]
-//! travels through a function returning `candle_core::Result`, it is boxed as
+//! `Result<_, CheckpointError>` directly. When one of these errors travels through a function returning `candle_core::Result`, it is boxed as
 //! `candle_core::Error::Io(std::io::Error::other(e))`: that is candle's only variant whose
 //! `Display` is the inner error's own and whose payload can be downcast again. Callers that
 //! branch on the kind of failure call [`find`] instead of matching message text:
@@ -230,6 +230,76 @@ pub enum SizeError {
         /// The size asked for.
         bytes: u64,
     },
+}
+
+/// Why [`quantize_nvfp4_slice`](crate::nvfp4::quantize_nvfp4_slice) refused a matrix.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuantizeError {
+    /// `k` is 0 or not a multiple of 16.
+    #[error("quantize_nvfp4: in_features k = {k} must be a positive multiple of 16")]
+    BadK {
+        /// The given `k`.
+        k: usize,
+    },
+    /// The slice does not hold `n·k` values.
+    #[error("quantize_nvfp4: got {len} values for a [{n}, {k}] matrix")]
+    Length {
+        /// Values given.
+        len: usize,
+        /// Rows.
+        n: usize,
+        /// Columns.
+        k: usize,
+    },
+    /// A weight is NaN or ±∞.
+    #[error("quantize_nvfp4: non-finite weight {value} at row {row}, column {col}")]
+    NonFinite {
+        /// Its row.
+        row: usize,
+        /// Its column.
+        col: usize,
+        /// The value.
+        value: f32,
+    },
+    /// Every weight is zero: the global scale would be 0.
+    #[error("quantize_nvfp4: the [{n}, {k}] matrix is all zeros; its global scale would be 0")]
+    AllZero {
+        /// Rows.
+        n: usize,
+        /// Columns.
+        k: usize,
+    },
+    /// The largest magnitude is so small that `amax / (6·448)` underflows to 0 in FP32.
+    #[error("quantize_nvfp4: the [{n}, {k}] matrix's amax {amax:e} is so small that its global scale amax/(6*448) underflows to 0 in FP32")]
+    GlobalScaleUnderflow {
+        /// Rows.
+        n: usize,
+        /// Columns.
+        k: usize,
+        /// The largest magnitude.
+        amax: f32,
+    },
+    /// A given global scale that is not a positive finite number.
+    #[error("quantize_nvfp4: global scale {value} must be a positive finite number")]
+    BadGlobalScale {
+        /// The given scale.
+        value: f32,
+    },
+    /// A given global scale smaller than the matrix needs.
+    #[error("quantize_nvfp4: global scale {value} is below this matrix's amax/(6*448) = {needed}")]
+    GlobalScaleTooSmall {
+        /// The given scale.
+        value: f32,
+        /// `amax / (6·448)`.
+        needed: f32,
+    },
+}
+
+impl From<QuantizeError> for candle_core::Error {
+    fn from(e: QuantizeError) -> Self {
+        candle_core::Error::Io(std::io::Error::other(e))
+    }
 }
 
 impl From<CheckpointError> for candle_core::Error {

@@ -2,6 +2,7 @@
 
 use super::codec::{e2m1_encode, e4m3_decode, e4m3_encode, E4M3_MAX};
 use super::BLOCK_SIZE;
+use crate::error::QuantizeError;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// A weight matrix `[n, k]` quantized to NVFP4, in the checkpoint layout.
@@ -85,23 +86,20 @@ pub fn quantize_nvfp4_slice(
     global_scale: Option<f32>,
 ) -> Result<Nvfp4Quantized> {
     if k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
-        bail!("quantize_nvfp4: in_features k = {k} must be a positive multiple of {BLOCK_SIZE}");
+        Err(QuantizeError::BadK { k })?
     }
     let len = crate::error::checked_product("quantize_nvfp4: n·k", &[n, k])?;
     if w.len() != len {
-        bail!(
-            "quantize_nvfp4: got {} values for a [{n}, {k}] matrix",
-            w.len()
-        );
+        Err(QuantizeError::Length { len: w.len(), n, k })?
     }
     let mut amax = 0f32;
     for (i, &v) in w.iter().enumerate() {
         if !v.is_finite() {
-            bail!(
-                "quantize_nvfp4: non-finite weight {v} at row {}, column {}",
-                i / k,
-                i % k
-            );
+            Err(QuantizeError::NonFinite {
+                row: i / k,
+                col: i % k,
+                value: v,
+            })?
         }
         amax = amax.max(v.abs());
     }
@@ -109,21 +107,22 @@ pub fn quantize_nvfp4_slice(
     let gs = match global_scale {
         None => {
             if amax == 0.0 {
-                bail!("quantize_nvfp4: the [{n}, {k}] matrix is all zeros; its global scale would be 0");
+                Err(QuantizeError::AllZero { n, k })?
             }
             if own == 0.0 {
-                bail!("quantize_nvfp4: the [{n}, {k}] matrix's amax {amax:e} is so small that its global scale amax/(6*448) underflows to 0 in FP32");
+                Err(QuantizeError::GlobalScaleUnderflow { n, k, amax })?
             }
             own
         }
         Some(g) => {
             if !(g.is_finite() && g > 0.0) {
-                bail!("quantize_nvfp4: global scale {g} must be a positive finite number");
+                Err(QuantizeError::BadGlobalScale { value: g })?
             }
             if g < own {
-                bail!(
-                    "quantize_nvfp4: global scale {g} is below this matrix's amax/(6*448) = {own}"
-                );
+                Err(QuantizeError::GlobalScaleTooSmall {
+                    value: g,
+                    needed: own,
+                })?
             }
             g
         }
