@@ -61,10 +61,15 @@ fn get<'a>(o: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
 
 /// [`ConfigError::BadField`] for `key` = `v`.
 fn bad(origin: &str, key: &str, v: impl std::fmt::Display, expected: &str) -> ConfigError {
+    let v = v.to_string();
+    let value = match v.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &v[..i]),
+        None => v,
+    };
     ConfigError::BadField {
         origin: origin.to_string(),
         field: key.to_string(),
-        value: v.to_string(),
+        value,
         expected: expected.to_string(),
     }
 }
@@ -164,12 +169,24 @@ fn rope_scaling(block: &Map<String, Value>, origin: &str) -> Result<RopeScaling>
         "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
         "llama3" => {
             let need = |k: &str| -> Result<f64> {
-                f64_of(block, k, origin)?
-                    .with_context(|| format!("{origin}: rope_type `llama3` needs `{k}`"))
+                match f64_of(block, k, origin)? {
+                    Some(x) => Ok(x),
+                    None => Err(ConfigError::MissingField {
+                        origin: origin.to_string(),
+                        field: format!("{k}` (rope_type `llama3`"),
+                    }
+                    .into()),
+                }
             };
             let (low, high) = (need("low_freq_factor")?, need("high_freq_factor")?);
             if !(low > 0.0 && high > low) {
-                bail!("{origin}: llama3 rope needs 0 < low_freq_factor < high_freq_factor, got {low} and {high}");
+                return Err(bad(
+                    origin,
+                    "high_freq_factor",
+                    format!("{high} (low_freq_factor {low})"),
+                    "above low_freq_factor, which must be positive (llama3 rope)",
+                )
+                .into());
             }
             Ok(RopeScaling::Llama3 {
                 factor: factor()?,
@@ -217,7 +234,7 @@ impl LlamaConfig {
         let root: Value =
             serde_json::from_str(text).with_context(|| format!("{origin}: invalid JSON"))?;
         let Value::Object(o) = root else {
-            bail!("{origin}: expected a JSON object");
+            return Err(bad(origin, "(root)", &root, "a JSON object").into());
         };
         let model_type = str_of(&o, "model_type", origin)?;
         let archs: Vec<&str> = match get(&o, "architectures") {
@@ -272,7 +289,15 @@ impl LlamaConfig {
             Some(d) => d,
             None => {
                 if !hidden_size.is_multiple_of(num_attention_heads) {
-                    bail!("{origin}: no `head_dim` and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}");
+                    return Err(bad(
+                        origin,
+                        "num_attention_heads",
+                        num_attention_heads,
+                        &format!(
+                            "a divisor of hidden_size {hidden_size} when there is no `head_dim`"
+                        ),
+                    )
+                    .into());
                 }
                 hidden_size / num_attention_heads
             }
@@ -290,7 +315,7 @@ impl LlamaConfig {
         // top-level `rope_theta` + `rope_scaling` (which wins when both are present).
         let rp = match get(&o, "rope_parameters") {
             Some(Value::Object(p)) => Some(p),
-            Some(v) => bail!("{origin}: `rope_parameters` must be an object, got {v}"),
+            Some(v) => return Err(bad(origin, "rope_parameters", v, "an object").into()),
             None => None,
         };
         let rope_theta = match rp.map(|p| f64_of(p, "rope_theta", origin)).transpose()? {
@@ -302,7 +327,7 @@ impl LlamaConfig {
         }
         let rope_scaling = match (rp, get(&o, "rope_scaling")) {
             (_, Some(Value::Object(s))) => rope_scaling(s, origin)?,
-            (_, Some(v)) => bail!("{origin}: `rope_scaling` must be an object or null, got {v}"),
+            (_, Some(v)) => return Err(bad(origin, "rope_scaling", v, "an object or null").into()),
             (Some(p), None) => rope_scaling(p, origin)?,
             (None, None) => RopeScaling::None,
         };

@@ -207,12 +207,13 @@ impl Llama {
             bail!("{}: `{ename}` is {:?}: quantized embeddings are not supported (ModelOpt keeps them in 16 bits)", ckpt.origin(), e.dtype);
         }
         if e.shape != [cfg.vocab_size, h] {
-            bail!(
-                "{}: `{ename}` has shape {:?}, the config needs [{}, {h}]",
-                ckpt.origin(),
-                e.shape,
-                cfg.vocab_size
-            );
+            return Err(crate::errors::ConfigError::ShapeMismatch {
+                origin: ckpt.origin().to_string(),
+                tensor: ename.to_string(),
+                found: e.shape.clone(),
+                expected: vec![cfg.vocab_size, h],
+            }
+            .into());
         }
         let embed_w = e.to_tensor(device)?.to_dtype(DType::BF16)?;
 
@@ -261,11 +262,19 @@ impl Llama {
                 h,
                 cfg.intermediate_size,
             )?;
+            // A bias the config promises must be there (never silently run without).
+            let missing = |t: String| candle_fp4::error::CheckpointError::MissingTensor {
+                file: ckpt.origin().to_string(),
+                tensor: t,
+            };
             if cfg.attention_bias && !qkv_has_bias(&qkv) {
-                bail!(
-                    "{}: config says attention_bias but `{a}.q_proj.bias` is missing",
-                    ckpt.origin()
-                );
+                return Err(missing(format!("{a}.q_proj.bias")).into());
+            }
+            if cfg.mlp_bias && !(qkv_has_bias(&gate_up) && down.bias().is_some()) {
+                return Err(missing(format!(
+                    "{m}.gate_proj.bias / up_proj.bias / down_proj.bias"
+                ))
+                .into());
             }
             blocks.push(Block {
                 attn_norm: load_vector(
@@ -295,15 +304,13 @@ impl Llama {
             QuantLinear::from_bf16(embed_w.clone(), None)?
         } else {
             let l = QuantLinear::load(&ckpt, "lm_head", device, &quant)?;
-            if l.out_features() != cfg.vocab_size || l.in_features() != h {
-                bail!(
-                    "{}: `lm_head` is [{}, {}], the config needs [{}, {h}]",
-                    ckpt.origin(),
-                    l.out_features(),
-                    l.in_features(),
-                    cfg.vocab_size
-                );
-            }
+            check_dims(
+                ckpt.origin(),
+                "lm_head",
+                &Fused::One(l.clone()),
+                cfg.vocab_size,
+                h,
+            )?;
             l
         };
         let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
