@@ -7,8 +7,9 @@
 //!   array elements in all (candle keeps each as a ~32-byte value, so a 1 GB array of
 //!   bytes would take 32 GB), at most [`MAX_TENSORS`] tensors, and a nonzero
 //!   `general.alignment` (candle divides by it);
-//! * [`check_tensor_infos`] after it: each tensor's element count and byte size in checked
-//!   arithmetic, whole blocks per row for its type, and its data inside the file.
+//! * [`check_tensor_infos`] after it: each tensor's element count (positive) and byte size
+//!   in checked arithmetic, whole blocks per row for its type, and its data inside the
+//!   file.
 
 use crate::errors::GgufError;
 use candle_core::quantized::gguf_file::Content;
@@ -230,6 +231,10 @@ pub fn check_tensor_infos(c: &Content, len: u64, path: &str) -> Result<(), GgufE
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
             .ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+        if elems == 0 {
+            // candle reinterprets the (empty, unaligned) byte buffer as blocks: UB.
+            return Err(bad(format!("shape {dims:?} holds no values")));
+        }
         let (block, type_size) = (
             t.ggml_dtype.block_size() as u64,
             t.ggml_dtype.type_size() as u64,

@@ -29,6 +29,7 @@ pub mod sampling;
 pub mod smollm2;
 pub mod staging;
 pub mod tokenizer;
+mod tokenizer_json;
 pub mod validate;
 
 pub use config::{LlamaConfig, RopeScaling};

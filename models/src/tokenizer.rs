@@ -7,7 +7,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use candle_fp4::checkpoint::ModelFolder;
 use serde_json::Value;
 use std::path::Path;
-use std::str::FromStr;
 use tokenizers::Tokenizer;
 
 /// A recognized chat template.
@@ -154,8 +153,10 @@ impl TextTokenizer {
         cfg: &LlamaConfig,
         origin: &str,
     ) -> Result<Self> {
-        let tokenizer = Tokenizer::from_str(tokenizer_json)
-            .map_err(|e| anyhow!("{origin}/tokenizer.json: {e}"))?;
+        let tokenizer = crate::tokenizer_json::parse_tokenizer(
+            tokenizer_json,
+            &format!("{origin}/tokenizer.json"),
+        )?;
         let tc = match tokenizer_config {
             Some(t) => parse_json(t, &format!("{origin}/tokenizer_config.json"))?,
             None => Value::Null,

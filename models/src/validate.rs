@@ -74,8 +74,22 @@ pub fn config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<ConfigSizes, Conf
     })
 }
 
-/// Checks at parse time that every size derived from the config fits ([`config_sizes`]).
+/// Largest `head_dim` accepted: 65536 (real models use 64 to 256). The RoPE tables are
+/// computed from the config alone ([`crate::rope::inv_freq`]), so this bounds what a
+/// config can make the loader allocate before any weight is compared.
+pub const MAX_HEAD_DIM: usize = 1 << 16;
+
+/// Checks at parse time that every size derived from the config fits ([`config_sizes`])
+/// and that `head_dim` is at most [`MAX_HEAD_DIM`].
 pub fn check_config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<(), ConfigError> {
+    if cfg.head_dim > MAX_HEAD_DIM {
+        return Err(ConfigError::BadField {
+            origin: origin.to_string(),
+            field: "head_dim".into(),
+            value: cfg.head_dim.to_string(),
+            expected: format!("at most {MAX_HEAD_DIM}"),
+        });
+    }
     config_sizes(cfg, origin).map(|_| ())
 }
 
