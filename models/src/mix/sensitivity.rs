@@ -101,6 +101,7 @@ pub fn measure_sensitivity(
         dtype: None,
         prefill_chunk: longest,
         kv_window: 0,
+        ..Default::default()
     };
     let mut model = Llama::load(dir, &Device::Cpu, &lopts)
         .context("loading the unquantized model for the sensitivity measurement")?;
