@@ -1,4 +1,4 @@
-//! The library's module graph has no cycles: not between files, not between top-level
+//! The module graphs of the library and of the models crate have no cycles: not between files, not between top-level
 //! folders. Built from the sources: every `crate::…` / `super::…` path outside comments and
 //! `#[cfg(test)]` modules is an edge to the module file it names, and a `mod child;` is an
 //! edge from the parent to the child. So a child that imports from its parent's `mod.rs`
@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Module path (`crate::gemv::cuda`) of every source file under `src/`.
+/// Module path (`crate::gemv::cuda`) of every source file under `root` (a crate's `src/`;
+/// `src/bin/` holds other crates and is skipped).
 fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
@@ -15,7 +16,9 @@ fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
             if p.is_dir() {
-                stack.push(p);
+                if p != root.join("bin") {
+                    stack.push(p);
+                }
                 continue;
             }
             if p.extension().is_none_or(|x| x != "rs") {
@@ -169,25 +172,54 @@ fn find_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     None
 }
 
-fn src_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The module graph of the library (`src`) or the models crate (`models/src`).
+fn src_graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(krate);
     edges(&modules(&root))
+}
+
+/// `lib.rs` only declares modules and re-exports (so no item of the crate lives there).
+#[test]
+fn lib_rs_defines_nothing() {
+    for krate in ["src", "models/src"] {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(krate)
+            .join("lib.rs");
+        for l in std::fs::read_to_string(&p).unwrap().lines() {
+            let l = l
+                .trim_start_matches("pub ")
+                .trim_start_matches("pub(crate) ");
+            for kw in [
+                "fn ", "struct ", "enum ", "const ", "static ", "type ", "impl ", "trait ",
+            ] {
+                assert!(!l.starts_with(kw), "{}: `{l}`", p.display());
+            }
+        }
+    }
 }
 
 #[test]
 fn no_cycle_between_files() {
-    let g = src_graph();
-    assert!(g.len() > 30, "found only {} modules", g.len());
-    if let Some(c) = find_cycle(&g) {
-        panic!("import cycle between files: {}", c.join(" -> "));
+    for krate in ["src", "models/src"] {
+        let g = src_graph(krate);
+        assert!(g.len() > 20, "{krate}: found only {} modules", g.len());
+        if let Some(c) = find_cycle(&g) {
+            panic!("{krate}: import cycle between files: {}", c.join(" -> "));
+        }
     }
 }
 
 #[test]
 fn no_cycle_between_folders() {
+    for krate in ["src", "models/src"] {
+        folder_cycles(krate);
+    }
+}
+
+fn folder_cycles(krate: &str) {
     let top = |m: &str| m.split("::").take(2).collect::<Vec<_>>().join("::");
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (a, ts) in src_graph() {
+    for (a, ts) in src_graph(krate) {
         if a == "crate" {
             continue; // lib.rs declares every folder
         }
@@ -198,7 +230,7 @@ fn no_cycle_between_folders() {
         }
     }
     if let Some(c) = find_cycle(&g) {
-        panic!("import cycle between folders: {}", c.join(" -> "));
+        panic!("{krate}: import cycle between folders: {}", c.join(" -> "));
     }
 }
 

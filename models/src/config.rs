@@ -364,7 +364,7 @@ impl LlamaConfig {
             eos_token_ids: ids_of(&o, "eos_token_id", origin)?,
             dtype,
         };
-        crate::validate::check_config_sizes(&cfg, origin)?;
+        check_config_sizes(&cfg, origin)?;
         Ok(cfg)
     }
 
@@ -379,4 +379,91 @@ impl LlamaConfig {
     pub fn n_rep(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
     }
+}
+
+/// `a × b` naming both config fields, or [`ConfigError::Overflow`].
+fn mul(origin: &str, (na, a): (&str, usize), (nb, b): (&str, usize)) -> Result<usize, ConfigError> {
+    a.checked_mul(b).ok_or_else(|| ConfigError::Overflow {
+        origin: origin.to_string(),
+        expr: format!("{na} {a} × {nb} {b}"),
+    })
+}
+
+/// The sizes a Llama computes from its config: `[q | k | v]` rows, `o_proj` columns,
+/// `[gate | up]` rows, the embedding. Errors when one overflows `usize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigSizes {
+    /// `(num_attention_heads + 2·num_key_value_heads) · head_dim`.
+    pub qkv_rows: usize,
+    /// `num_attention_heads · head_dim`.
+    pub q_dim: usize,
+    /// `2 · intermediate_size`.
+    pub gate_up_rows: usize,
+    /// `vocab_size · hidden_size`.
+    pub embed_elems: usize,
+}
+
+/// Computes [`ConfigSizes`] in checked arithmetic.
+///
+/// `num_attention_heads · head_dim` need not equal `hidden_size`: transformers' Llama
+/// takes an explicit `head_dim` (e.g. NVIDIA's Minitron 4B: 32 × 128 over a hidden size of
+/// 3072), and the weight shapes are checked against these sizes at load.
+pub fn config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<ConfigSizes, ConfigError> {
+    let q_dim = mul(
+        origin,
+        ("num_attention_heads", cfg.num_attention_heads),
+        ("head_dim", cfg.head_dim),
+    )?;
+    let kv_dim = mul(
+        origin,
+        ("num_key_value_heads", cfg.num_key_value_heads),
+        ("head_dim", cfg.head_dim),
+    )?;
+    let qkv_rows = kv_dim
+        .checked_mul(2)
+        .and_then(|x| x.checked_add(q_dim))
+        .ok_or_else(|| ConfigError::Overflow {
+            origin: origin.to_string(),
+            expr: format!(
+                "(num_attention_heads {} + 2 × num_key_value_heads {}) × head_dim {}",
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            ),
+        })?;
+    let gate_up_rows =
+        cfg.intermediate_size
+            .checked_mul(2)
+            .ok_or_else(|| ConfigError::Overflow {
+                origin: origin.to_string(),
+                expr: format!("2 × intermediate_size {}", cfg.intermediate_size),
+            })?;
+    let embed_elems = mul(
+        origin,
+        ("vocab_size", cfg.vocab_size),
+        ("hidden_size", cfg.hidden_size),
+    )?;
+    Ok(ConfigSizes {
+        qkv_rows,
+        q_dim,
+        gate_up_rows,
+        embed_elems,
+    })
+}
+
+/// Largest `head_dim` accepted: 65536 (real models use 64 to 256). The RoPE tables are
+/// computed from the config alone (`crate::rope::inv_freq`), so this bounds what a
+/// config can make the loader allocate before any weight is compared.
+pub const MAX_HEAD_DIM: usize = 1 << 16;
+
+/// Checks at parse time that every size derived from the config fits ([`config_sizes`])
+/// and that `head_dim` is at most [`MAX_HEAD_DIM`].
+pub fn check_config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<(), ConfigError> {
+    if cfg.head_dim > MAX_HEAD_DIM {
+        return Err(ConfigError::BadField {
+            origin: origin.to_string(),
+            field: "head_dim".into(),
+            value: cfg.head_dim.to_string(),
+            expected: format!("at most {MAX_HEAD_DIM}"),
+        });
+    }
+    config_sizes(cfg, origin).map(|_| ())
 }

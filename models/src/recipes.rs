@@ -2,13 +2,13 @@
 //! conversion made with one (recipe settings, calibration text and
 //! [`CONVERTER_VERSION`]), so that a stale conversion is never reused.
 
+use crate::config::LlamaConfig;
 use crate::mix::{quantize_with_budget, MixOptions, MixPlan};
 use crate::quant::gptq::GptqParams;
 use crate::quant::{
     quantize_model, CalibData, OutputFormat, Progress, QuantMethod, QuantizeOptions, Summary,
 };
 use crate::tokenizer::TextTokenizer;
-use crate::LlamaConfig;
 use anyhow::{bail, Result};
 use std::path::Path;
 

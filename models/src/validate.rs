@@ -3,95 +3,10 @@
 //! the weights hold, and the context no longer than `max_position_embeddings` unless the
 //! caller says so.
 
+use crate::config::LlamaConfig;
 use crate::errors::ConfigError;
-use crate::LlamaConfig;
 
-/// `a × b` naming both config fields, or [`ConfigError::Overflow`].
-fn mul(origin: &str, (na, a): (&str, usize), (nb, b): (&str, usize)) -> Result<usize, ConfigError> {
-    a.checked_mul(b).ok_or_else(|| ConfigError::Overflow {
-        origin: origin.to_string(),
-        expr: format!("{na} {a} × {nb} {b}"),
-    })
-}
-
-/// The sizes a Llama computes from its config: `[q | k | v]` rows, `o_proj` columns,
-/// `[gate | up]` rows, the embedding. Errors when one overflows `usize`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConfigSizes {
-    /// `(num_attention_heads + 2·num_key_value_heads) · head_dim`.
-    pub qkv_rows: usize,
-    /// `num_attention_heads · head_dim`.
-    pub q_dim: usize,
-    /// `2 · intermediate_size`.
-    pub gate_up_rows: usize,
-    /// `vocab_size · hidden_size`.
-    pub embed_elems: usize,
-}
-
-/// Computes [`ConfigSizes`] in checked arithmetic.
-///
-/// `num_attention_heads · head_dim` need not equal `hidden_size`: transformers' Llama
-/// takes an explicit `head_dim` (e.g. NVIDIA's Minitron 4B: 32 × 128 over a hidden size of
-/// 3072), and the weight shapes are checked against these sizes at load.
-pub fn config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<ConfigSizes, ConfigError> {
-    let q_dim = mul(
-        origin,
-        ("num_attention_heads", cfg.num_attention_heads),
-        ("head_dim", cfg.head_dim),
-    )?;
-    let kv_dim = mul(
-        origin,
-        ("num_key_value_heads", cfg.num_key_value_heads),
-        ("head_dim", cfg.head_dim),
-    )?;
-    let qkv_rows = kv_dim
-        .checked_mul(2)
-        .and_then(|x| x.checked_add(q_dim))
-        .ok_or_else(|| ConfigError::Overflow {
-            origin: origin.to_string(),
-            expr: format!(
-                "(num_attention_heads {} + 2 × num_key_value_heads {}) × head_dim {}",
-                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            ),
-        })?;
-    let gate_up_rows =
-        cfg.intermediate_size
-            .checked_mul(2)
-            .ok_or_else(|| ConfigError::Overflow {
-                origin: origin.to_string(),
-                expr: format!("2 × intermediate_size {}", cfg.intermediate_size),
-            })?;
-    let embed_elems = mul(
-        origin,
-        ("vocab_size", cfg.vocab_size),
-        ("hidden_size", cfg.hidden_size),
-    )?;
-    Ok(ConfigSizes {
-        qkv_rows,
-        q_dim,
-        gate_up_rows,
-        embed_elems,
-    })
-}
-
-/// Largest `head_dim` accepted: 65536 (real models use 64 to 256). The RoPE tables are
-/// computed from the config alone ([`crate::rope::inv_freq`]), so this bounds what a
-/// config can make the loader allocate before any weight is compared.
-pub const MAX_HEAD_DIM: usize = 1 << 16;
-
-/// Checks at parse time that every size derived from the config fits ([`config_sizes`])
-/// and that `head_dim` is at most [`MAX_HEAD_DIM`].
-pub fn check_config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<(), ConfigError> {
-    if cfg.head_dim > MAX_HEAD_DIM {
-        return Err(ConfigError::BadField {
-            origin: origin.to_string(),
-            field: "head_dim".into(),
-            value: cfg.head_dim.to_string(),
-            expected: format!("at most {MAX_HEAD_DIM}"),
-        });
-    }
-    config_sizes(cfg, origin).map(|_| ())
-}
+pub use crate::config::{check_config_sizes, config_sizes, ConfigSizes, MAX_HEAD_DIM};
 
 /// One more than the largest decoder-layer index `N` among tensor names
 /// `model.layers.N.…` (0 when there is none); `u64` so that a hostile index cannot wrap.
@@ -131,7 +46,7 @@ pub fn check_layer_count(
 
 /// The KV-cache length of a load: `requested`, else `min(max_position_embeddings, 4096)`;
 /// positive, and at most `max_position_embeddings` unless `allow_long` (the explicit
-/// override, [`crate::LoadOptions::allow_long_context`]).
+/// override, [`crate::llama::LoadOptions::allow_long_context`]).
 pub fn context_len(
     cfg: &LlamaConfig,
     origin: &str,
@@ -162,9 +77,10 @@ pub(crate) fn check_load(
     cfg: &LlamaConfig,
     dir: &std::path::Path,
     ckpt: &candle_fp4::checkpoint::Checkpoint,
-    opts: &crate::LoadOptions,
+    max_seq_len: Option<usize>,
+    allow_long_context: bool,
 ) -> Result<usize, ConfigError> {
     let origin = dir.join("config.json").display().to_string();
     check_layer_count(cfg, &origin, ckpt.origin(), &ckpt.names())?;
-    context_len(cfg, &origin, opts.max_seq_len, opts.allow_long_context)
+    context_len(cfg, &origin, max_seq_len, allow_long_context)
 }

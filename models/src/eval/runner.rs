@@ -5,8 +5,8 @@
 //! (Errors are `anyhow`, as everything that drives a [`Llama`] in this crate.)
 
 use super::metrics::{argmax, log_softmax, TextSums};
+use crate::llama::Llama;
 use crate::tokenizer::TextTokenizer;
-use crate::Llama;
 use anyhow::{bail, Result};
 use std::time::Instant;
 

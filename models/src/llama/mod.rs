@@ -127,7 +127,13 @@ impl Llama {
         } else {
             DType::BF16
         });
-        let max_seq_len = crate::validate::check_load(&cfg, dir, &ckpt, opts)?;
+        let max_seq_len = crate::validate::check_load(
+            &cfg,
+            dir,
+            &ckpt,
+            opts.max_seq_len,
+            opts.allow_long_context,
+        )?;
         let h = cfg.hidden_size;
         let ld = Loader {
             ckpt: &ckpt,

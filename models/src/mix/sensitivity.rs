@@ -9,8 +9,8 @@
 use super::select::{bf16_bytes, nvfp4_bytes, MixCandidate};
 use crate::eval::metrics::{kl_divergence, log_softmax};
 use crate::llama::Site;
+use crate::llama::{Llama, LoadOptions};
 use crate::quant::rtn::quantize_group;
-use crate::{Llama, LoadOptions};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::checkpoint::Checkpoint;
