@@ -5,7 +5,8 @@
 //   cache bytes [batch][capacity][kv_heads][slot], one slot per (token, head):
 //     [K codes D/2][K scales D/32][V codes D/2][V scales D/32]   (68 / 136 / 272 B at D = 64 / 128 / 256)
 //   codes: E2M1, two per byte, even element in the low nibble; scales: UE8M0 per group of
-//   32 values, s = 2^(byte - 127), byte 0 = zero sentinel. K is stored rotated by the
+//   32 values, s = 2^(byte - 127), byte 0 = zero sentinel, byte 255 = NaN (a group holding
+//   NaN/Inf, so it propagates as in the BF16 cache). K is stored rotated by the
 //   normalized Walsh-Hadamard transform H_D / sqrt(D); V is not rotated. The allocation is
 //   16-byte aligned and has at least 15 bytes of padding after the last slot (the attention
 //   kernel copies whole 16-byte chunks around each slot).
@@ -118,9 +119,11 @@ __device__ __forceinline__ void encode_part(const float (&x)[D / 32], uint8_t* c
         am = fmaxf(am, __shfl_xor_sync(FULL, am, m));
         bad |= __shfl_xor_sync(FULL, bad, m);
     }
-    const uint32_t byte = bad ? 0u : scale_byte(am, c);
+    // A group holding NaN/Inf gets the NaN scale 255 and zero codes (decodes to NaN, as
+    // encode_group in src/ultraquant/group.rs).
+    const uint32_t byte = bad ? 255u : scale_byte(am, c);
     uint32_t packed = 0;
-    if (byte != 0u) {
+    if (byte != 0u && byte != 255u) {
         const float s = __uint_as_float(byte << 23);
 #pragma unroll
         for (int e = 0; e < E; ++e) packed |= e2m1_encode(__fdiv_rn(x[e], s)) << (4 * e);

@@ -18,6 +18,7 @@
 pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod error;
 pub mod gemv;
 mod kernel_params;
 pub mod kv_cache;

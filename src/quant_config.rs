@@ -242,18 +242,14 @@ impl QuantConfig {
     }
 
     /// Reads `dir/hf_quant_config.json`, else `dir/config.json`'s `quantization_config`;
-    /// unquantized when neither says anything.
+    /// unquantized when neither says anything. The files are read through
+    /// [`ModelFolder`](crate::checkpoint::ModelFolder) (regular files inside the folder).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref();
+        let folder = crate::checkpoint::ModelFolder::new(dir.as_ref())?;
         let read = |name: &str| -> Result<Option<(String, String)>> {
-            let p = dir.join(name);
-            if !p.exists() {
-                return Ok(None);
-            }
-            match std::fs::read_to_string(&p) {
-                Ok(t) => Ok(Some((t, p.display().to_string()))),
-                Err(e) => bail!("cannot read {}: {e}", p.display()),
-            }
+            Ok(folder
+                .read_text(name)?
+                .map(|(p, t)| (t, p.display().to_string())))
         };
         if let Some((text, origin)) = read("hf_quant_config.json")? {
             return Self::from_hf_quant_config_str(&text, &origin);

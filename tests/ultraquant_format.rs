@@ -300,7 +300,7 @@ fn e2m1_matches_slow_reference() {
 }
 
 #[test]
-fn zero_and_non_finite_groups_are_the_sentinel() {
+fn zero_groups_are_the_sentinel_and_non_finite_ones_nan() {
     let mut codes = [0xAAu8; 16];
     assert_eq!(encode_group(&[0.0; 32], C, &mut codes).unwrap(), 0);
     assert_eq!(codes, [0; 16]);
@@ -310,10 +310,14 @@ fn zero_and_non_finite_groups_are_the_sentinel() {
 
     let mut g = [1.0f32; 32];
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        // A non-finite value poisons its group (NaN scale), as it would a BF16 cache.
         g[5] = bad;
         codes.fill(0xAA);
-        assert_eq!(encode_group(&g, C, &mut codes).unwrap(), 0);
+        assert_eq!(encode_group(&g, C, &mut codes).unwrap(), 255);
         assert_eq!(codes, [0; 16]);
+        let mut out = [1.0f32; 32];
+        decode_group(&codes, 255, &mut out).unwrap();
+        assert!(out.iter().all(|x| x.is_nan()), "{bad}: {out:?}");
     }
     // A scale below 2^-126 is the sentinel too: the group decodes to zeros.
     let g = [1e-38f32; 32];

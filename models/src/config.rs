@@ -5,7 +5,9 @@
 //! or RoPE type this port does not implement is an error naming the key, never a silent
 //! fallback.
 
+use crate::errors::ConfigError;
 use anyhow::{bail, Context, Result};
+use candle_fp4::checkpoint::ModelFolder;
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -57,21 +59,40 @@ fn get<'a>(o: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     }
 }
 
+/// [`ConfigError::BadField`] for `key` = `v`.
+fn bad(origin: &str, key: &str, v: impl std::fmt::Display, expected: &str) -> ConfigError {
+    let v = v.to_string();
+    let value = match v.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &v[..i]),
+        None => v,
+    };
+    ConfigError::BadField {
+        origin: origin.to_string(),
+        field: key.to_string(),
+        value,
+        expected: expected.to_string(),
+    }
+}
+
 fn usize_of(o: &Map<String, Value>, key: &str, origin: &str) -> Result<Option<usize>> {
     match get(o, key) {
         None => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(x) => Ok(Some(x as usize)),
-            None => bail!("{origin}: `{key}` must be a non-negative integer, got {v}"),
+        Some(v) => match v.as_u64().and_then(|x| usize::try_from(x).ok()) {
+            Some(x) => Ok(Some(x)),
+            None => Err(bad(origin, key, v, "a non-negative integer").into()),
         },
     }
 }
 
 fn req_usize(o: &Map<String, Value>, key: &str, origin: &str) -> Result<usize> {
     match usize_of(o, key, origin)? {
-        Some(0) => bail!("{origin}: `{key}` must be positive, got 0"),
+        Some(0) => Err(bad(origin, key, 0, "positive").into()),
         Some(x) => Ok(x),
-        None => bail!("{origin}: missing `{key}`"),
+        None => Err(ConfigError::MissingField {
+            origin: origin.to_string(),
+            field: key.to_string(),
+        }
+        .into()),
     }
 }
 
@@ -80,7 +101,7 @@ fn f64_of(o: &Map<String, Value>, key: &str, origin: &str) -> Result<Option<f64>
         None => Ok(None),
         Some(v) => match v.as_f64() {
             Some(x) if x.is_finite() => Ok(Some(x)),
-            _ => bail!("{origin}: `{key}` must be a finite number, got {v}"),
+            _ => Err(bad(origin, key, v, "a finite number").into()),
         },
     }
 }
@@ -89,7 +110,7 @@ fn bool_of(o: &Map<String, Value>, key: &str, default: bool, origin: &str) -> Re
     match get(o, key) {
         None => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(v) => bail!("{origin}: `{key}` must be true or false, got {v}"),
+        Some(v) => Err(bad(origin, key, v, "true or false").into()),
     }
 }
 
@@ -97,17 +118,28 @@ fn str_of<'a>(o: &'a Map<String, Value>, key: &str, origin: &str) -> Result<Opti
     match get(o, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => bail!("{origin}: `{key}` must be a string, got {v}"),
+        Some(v) => Err(bad(origin, key, v, "a string").into()),
     }
+}
+
+/// [`ConfigError::Unsupported`].
+fn unsupported(origin: &str, field: &str, value: &str, supported: &str) -> anyhow::Error {
+    ConfigError::Unsupported {
+        origin: origin.to_string(),
+        field: field.to_string(),
+        value: value.to_string(),
+        supported: supported.to_string(),
+    }
+    .into()
 }
 
 /// `eos_token_id`-style field: an int or a list of ints.
 pub(crate) fn ids_of(o: &Map<String, Value>, key: &str, origin: &str) -> Result<Vec<u32>> {
     let one = |v: &Value| -> Result<u32> {
-        v.as_u64()
-            .filter(|&x| x <= u32::MAX as u64)
-            .map(|x| x as u32)
-            .with_context(|| format!("{origin}: `{key}` must hold token ids, got {v}"))
+        match v.as_u64().and_then(|x| u32::try_from(x).ok()) {
+            Some(x) => Ok(x),
+            None => Err(bad(origin, key, v, "token ids (integers below 2^32)").into()),
+        }
     };
     match get(o, key) {
         None => Ok(vec![]),
@@ -124,8 +156,12 @@ fn rope_scaling(block: &Map<String, Value>, origin: &str) -> Result<RopeScaling>
     let factor = || -> Result<f64> {
         match f64_of(block, "factor", origin)? {
             Some(f) if f > 0.0 => Ok(f),
-            Some(f) => bail!("{origin}: rope `factor` must be positive, got {f}"),
-            None => bail!("{origin}: rope_type `{ty}` needs a `factor`"),
+            Some(f) => Err(bad(origin, "factor", f, "positive (rope scaling factor)").into()),
+            None => Err(ConfigError::MissingField {
+                origin: origin.to_string(),
+                field: format!("factor` (rope_type `{ty}`)"),
+            }
+            .into()),
         }
     };
     match ty {
@@ -133,12 +169,24 @@ fn rope_scaling(block: &Map<String, Value>, origin: &str) -> Result<RopeScaling>
         "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
         "llama3" => {
             let need = |k: &str| -> Result<f64> {
-                f64_of(block, k, origin)?
-                    .with_context(|| format!("{origin}: rope_type `llama3` needs `{k}`"))
+                match f64_of(block, k, origin)? {
+                    Some(x) => Ok(x),
+                    None => Err(ConfigError::MissingField {
+                        origin: origin.to_string(),
+                        field: format!("{k}` (rope_type `llama3`"),
+                    }
+                    .into()),
+                }
             };
             let (low, high) = (need("low_freq_factor")?, need("high_freq_factor")?);
             if !(low > 0.0 && high > low) {
-                bail!("{origin}: llama3 rope needs 0 < low_freq_factor < high_freq_factor, got {low} and {high}");
+                return Err(bad(
+                    origin,
+                    "high_freq_factor",
+                    format!("{high} (low_freq_factor {low})"),
+                    "above low_freq_factor, which must be positive (llama3 rope)",
+                )
+                .into());
             }
             Ok(RopeScaling::Llama3 {
                 factor: factor()?,
@@ -151,8 +199,31 @@ fn rope_scaling(block: &Map<String, Value>, origin: &str) -> Result<RopeScaling>
                 )?,
             })
         }
-        t => bail!(
-            "{origin}: rope_type `{t}` is not supported by this Llama port (default, linear, llama3)"
+        t => Err(unsupported(
+            origin,
+            "rope_type",
+            t,
+            "this Llama port runs default, linear, llama3",
+        )),
+    }
+}
+
+/// The text of `dir/config.json`, read through [`ModelFolder`] (a regular file inside the
+/// folder: no symlink out of it, no FIFO).
+pub fn read_config_text(dir: &Path) -> Result<String> {
+    let p = dir.join("config.json");
+    let ctx = || {
+        format!(
+            "{}: cannot read config.json (is this a Hugging Face model folder?)",
+            p.display()
+        )
+    };
+    let folder = ModelFolder::new(dir).with_context(ctx)?;
+    match folder.read_text("config.json").with_context(ctx)? {
+        Some((_, text)) => Ok(text),
+        None => bail!(
+            "{}: no config.json (is this a Hugging Face model folder?)",
+            dir.display()
         ),
     }
 }
@@ -163,7 +234,7 @@ impl LlamaConfig {
         let root: Value =
             serde_json::from_str(text).with_context(|| format!("{origin}: invalid JSON"))?;
         let Value::Object(o) = root else {
-            bail!("{origin}: expected a JSON object");
+            return Err(bad(origin, "(root)", &root, "a JSON object").into());
         };
         let model_type = str_of(&o, "model_type", origin)?;
         let archs: Vec<&str> = match get(&o, "architectures") {
@@ -172,43 +243,79 @@ impl LlamaConfig {
         };
         match model_type {
             Some("llama") => {}
-            Some(t) => bail!(
-                "{origin}: model_type `{t}` is not supported (this port runs Llama-architecture models: model_type `llama`)"
-            ),
+            Some(t) => {
+                return Err(unsupported(
+                    origin,
+                    "model_type",
+                    t,
+                    "this port runs Llama-architecture models: model_type `llama`",
+                ))
+            }
             None if archs.contains(&"LlamaForCausalLM") => {}
-            None => bail!("{origin}: no `model_type` (expected `llama`)"),
+            None => {
+                return Err(ConfigError::MissingField {
+                    origin: origin.to_string(),
+                    field: "model_type` (expected `llama`".to_string(),
+                }
+                .into())
+            }
         }
         if let Some(a) = archs.iter().find(|a| **a != "LlamaForCausalLM") {
-            bail!("{origin}: architecture `{a}` is not supported (expected LlamaForCausalLM)");
+            return Err(unsupported(
+                origin,
+                "architecture",
+                a,
+                "expected LlamaForCausalLM",
+            ));
         }
         let act = str_of(&o, "hidden_act", origin)?.unwrap_or("silu");
         if act != "silu" {
-            bail!("{origin}: hidden_act `{act}` is not supported (Llama uses silu)");
+            return Err(unsupported(origin, "hidden_act", act, "Llama uses silu"));
         }
         let hidden_size = req_usize(&o, "hidden_size", origin)?;
         let num_attention_heads = req_usize(&o, "num_attention_heads", origin)?;
         let num_key_value_heads =
             usize_of(&o, "num_key_value_heads", origin)?.unwrap_or(num_attention_heads);
         if num_key_value_heads == 0 || !num_attention_heads.is_multiple_of(num_key_value_heads) {
-            bail!("{origin}: num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}");
+            return Err(bad(
+                origin,
+                "num_key_value_heads",
+                num_key_value_heads,
+                &format!("a positive divisor of num_attention_heads {num_attention_heads} (num_attention_heads is not a multiple of num_key_value_heads)"),
+            )
+            .into());
         }
         let head_dim = match usize_of(&o, "head_dim", origin)? {
             Some(d) => d,
             None => {
                 if !hidden_size.is_multiple_of(num_attention_heads) {
-                    bail!("{origin}: no `head_dim` and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}");
+                    return Err(bad(
+                        origin,
+                        "num_attention_heads",
+                        num_attention_heads,
+                        &format!(
+                            "a divisor of hidden_size {hidden_size} when there is no `head_dim`"
+                        ),
+                    )
+                    .into());
                 }
                 hidden_size / num_attention_heads
             }
         };
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            bail!("{origin}: head_dim {head_dim} must be positive and even (RoPE rotates pairs)");
+            return Err(bad(
+                origin,
+                "head_dim",
+                head_dim,
+                "positive and even (RoPE rotates pairs)",
+            )
+            .into());
         }
         // RoPE: transformers 5 `rope_parameters` (holds rope_theta too), else the 4.x
         // top-level `rope_theta` + `rope_scaling` (which wins when both are present).
         let rp = match get(&o, "rope_parameters") {
             Some(Value::Object(p)) => Some(p),
-            Some(v) => bail!("{origin}: `rope_parameters` must be an object, got {v}"),
+            Some(v) => return Err(bad(origin, "rope_parameters", v, "an object").into()),
             None => None,
         };
         let rope_theta = match rp.map(|p| f64_of(p, "rope_theta", origin)).transpose()? {
@@ -216,11 +323,11 @@ impl LlamaConfig {
             _ => f64_of(&o, "rope_theta", origin)?.unwrap_or(10000.0),
         };
         if rope_theta <= 0.0 {
-            bail!("{origin}: rope_theta must be positive, got {rope_theta}");
+            return Err(bad(origin, "rope_theta", rope_theta, "positive").into());
         }
         let rope_scaling = match (rp, get(&o, "rope_scaling")) {
             (_, Some(Value::Object(s))) => rope_scaling(s, origin)?,
-            (_, Some(v)) => bail!("{origin}: `rope_scaling` must be an object or null, got {v}"),
+            (_, Some(v)) => return Err(bad(origin, "rope_scaling", v, "an object or null").into()),
             (Some(p), None) => rope_scaling(p, origin)?,
             (None, None) => RopeScaling::None,
         };
@@ -229,7 +336,16 @@ impl LlamaConfig {
             None => str_of(&o, "torch_dtype", origin)?.map(str::to_string),
         };
         let bos = ids_of(&o, "bos_token_id", origin)?;
-        Ok(Self {
+        let max_position_embeddings = match usize_of(&o, "max_position_embeddings", origin)? {
+            Some(0) => return Err(bad(origin, "max_position_embeddings", 0, "positive").into()),
+            Some(n) => n,
+            None => 2048,
+        };
+        let rms_norm_eps = f64_of(&o, "rms_norm_eps", origin)?.unwrap_or(1e-6);
+        if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
+            return Err(bad(origin, "rms_norm_eps", rms_norm_eps, "in (0, 1)").into());
+        }
+        let cfg = Self {
             hidden_size,
             intermediate_size: req_usize(&o, "intermediate_size", origin)?,
             num_hidden_layers: req_usize(&o, "num_hidden_layers", origin)?,
@@ -237,9 +353,8 @@ impl LlamaConfig {
             num_key_value_heads,
             head_dim,
             vocab_size: req_usize(&o, "vocab_size", origin)?,
-            max_position_embeddings: usize_of(&o, "max_position_embeddings", origin)?
-                .unwrap_or(2048),
-            rms_norm_eps: f64_of(&o, "rms_norm_eps", origin)?.unwrap_or(1e-6),
+            max_position_embeddings,
+            rms_norm_eps,
             rope_theta,
             rope_scaling,
             tie_word_embeddings: bool_of(&o, "tie_word_embeddings", false, origin)?,
@@ -248,23 +363,107 @@ impl LlamaConfig {
             bos_token_id: bos.first().copied(),
             eos_token_ids: ids_of(&o, "eos_token_id", origin)?,
             dtype,
-        })
+        };
+        check_config_sizes(&cfg, origin)?;
+        Ok(cfg)
     }
 
-    /// Reads `dir/config.json`.
+    /// Reads `dir/config.json` ([`read_config_text`]).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        let p = dir.as_ref().join("config.json");
-        let text = std::fs::read_to_string(&p).with_context(|| {
-            format!(
-                "{}: cannot read config.json (is this a Hugging Face model folder?)",
-                p.display()
-            )
-        })?;
-        Self::from_json_str(&text, &p.display().to_string())
+        let dir = dir.as_ref();
+        let text = read_config_text(dir)?;
+        Self::from_json_str(&text, &dir.join("config.json").display().to_string())
     }
 
     /// Query heads per KV head.
     pub fn n_rep(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
     }
+}
+
+/// `a × b` naming both config fields, or [`ConfigError::Overflow`].
+fn mul(origin: &str, (na, a): (&str, usize), (nb, b): (&str, usize)) -> Result<usize, ConfigError> {
+    a.checked_mul(b).ok_or_else(|| ConfigError::Overflow {
+        origin: origin.to_string(),
+        expr: format!("{na} {a} × {nb} {b}"),
+    })
+}
+
+/// The sizes a Llama computes from its config: `[q | k | v]` rows, `o_proj` columns,
+/// `[gate | up]` rows, the embedding. Errors when one overflows `usize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigSizes {
+    /// `(num_attention_heads + 2·num_key_value_heads) · head_dim`.
+    pub qkv_rows: usize,
+    /// `num_attention_heads · head_dim`.
+    pub q_dim: usize,
+    /// `2 · intermediate_size`.
+    pub gate_up_rows: usize,
+    /// `vocab_size · hidden_size`.
+    pub embed_elems: usize,
+}
+
+/// Computes [`ConfigSizes`] in checked arithmetic.
+///
+/// `num_attention_heads · head_dim` need not equal `hidden_size`: transformers' Llama
+/// takes an explicit `head_dim` (e.g. NVIDIA's Minitron 4B: 32 × 128 over a hidden size of
+/// 3072), and the weight shapes are checked against these sizes at load.
+pub fn config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<ConfigSizes, ConfigError> {
+    let q_dim = mul(
+        origin,
+        ("num_attention_heads", cfg.num_attention_heads),
+        ("head_dim", cfg.head_dim),
+    )?;
+    let kv_dim = mul(
+        origin,
+        ("num_key_value_heads", cfg.num_key_value_heads),
+        ("head_dim", cfg.head_dim),
+    )?;
+    let qkv_rows = kv_dim
+        .checked_mul(2)
+        .and_then(|x| x.checked_add(q_dim))
+        .ok_or_else(|| ConfigError::Overflow {
+            origin: origin.to_string(),
+            expr: format!(
+                "(num_attention_heads {} + 2 × num_key_value_heads {}) × head_dim {}",
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            ),
+        })?;
+    let gate_up_rows =
+        cfg.intermediate_size
+            .checked_mul(2)
+            .ok_or_else(|| ConfigError::Overflow {
+                origin: origin.to_string(),
+                expr: format!("2 × intermediate_size {}", cfg.intermediate_size),
+            })?;
+    let embed_elems = mul(
+        origin,
+        ("vocab_size", cfg.vocab_size),
+        ("hidden_size", cfg.hidden_size),
+    )?;
+    Ok(ConfigSizes {
+        qkv_rows,
+        q_dim,
+        gate_up_rows,
+        embed_elems,
+    })
+}
+
+/// Largest `head_dim` accepted: 65536 (real models use 64 to 256). The RoPE tables are
+/// computed from the config alone (`crate::rope::inv_freq`), so this bounds what a
+/// config can make the loader allocate before any weight is compared.
+pub const MAX_HEAD_DIM: usize = 1 << 16;
+
+/// Checks at parse time that every size derived from the config fits ([`config_sizes`])
+/// and that `head_dim` is at most [`MAX_HEAD_DIM`].
+pub fn check_config_sizes(cfg: &LlamaConfig, origin: &str) -> Result<(), ConfigError> {
+    if cfg.head_dim > MAX_HEAD_DIM {
+        return Err(ConfigError::BadField {
+            origin: origin.to_string(),
+            field: "head_dim".into(),
+            value: cfg.head_dim.to_string(),
+            expected: format!("at most {MAX_HEAD_DIM}"),
+        });
+    }
+    config_sizes(cfg, origin).map(|_| ())
 }

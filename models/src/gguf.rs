@@ -6,12 +6,13 @@
 //! RoPE: `gguf = hf.reshape(heads, 2, d/2, K).swapaxes(1, 2)`. We undo it with
 //! `hf = gguf.reshape(heads, d/2, 2, K).swapaxes(1, 2)`.
 
+use crate::errors::GgufError;
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Map, Value as Json};
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Cursor, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -28,11 +29,15 @@ const EOG_TEXTS: &[&str] = &[
     "<reponame>",
 ];
 
+/// What a GGUF is read from: a file or bytes in memory.
+trait Source: Read + Seek + Send {}
+impl<T: Read + Seek + Send> Source for T {}
+
 /// An open GGUF file of a Llama-architecture model.
 pub struct GgufModel {
     path: PathBuf,
     content: Content,
-    file: Mutex<BufReader<File>>,
+    file: Mutex<Box<dyn Source>>,
     n_head: usize,
     n_head_kv: usize,
     n_layer: usize,
@@ -53,21 +58,63 @@ fn md<'a>(c: &'a Content, key: &str, path: &Path) -> Result<&'a Value> {
 }
 
 fn md_u32(c: &Content, key: &str, path: &Path) -> Result<usize> {
-    let v = md(c, key, path)?;
+    let Some(v) = c.metadata.get(key) else {
+        return Err(GgufError::MissingMetadata {
+            path: path.display().to_string(),
+            key: key.to_string(),
+        }
+        .into());
+    };
     // Writers use u32, some i32 / u64.
     let x = match v {
-        Value::U32(x) => *x as u64,
-        Value::I32(x) if *x >= 0 => *x as u64,
-        Value::U64(x) => *x,
-        Value::I64(x) if *x >= 0 => *x as u64,
-        Value::U16(x) => *x as u64,
-        Value::U8(x) => *x as u64,
-        v => bail!(
-            "{}: GGUF metadata `{key}` = {v:?} is not a count",
-            path.display()
-        ),
+        Value::U32(x) => Some(*x as u64),
+        Value::I32(x) if *x >= 0 => Some(*x as u64),
+        Value::U64(x) => Some(*x),
+        Value::I64(x) if *x >= 0 => Some(*x as u64),
+        Value::U16(x) => Some(*x as u64),
+        Value::U8(x) => Some(*x as u64),
+        _ => None,
     };
-    Ok(x as usize)
+    match x.and_then(|x| usize::try_from(x).ok()) {
+        Some(x) => Ok(x),
+        None => Err(GgufError::BadMetadata {
+            path: path.display().to_string(),
+            key: key.to_string(),
+            value: format!("{v:?}"),
+            expected: "a count (a non-negative integer)".into(),
+        }
+        .into()),
+    }
+}
+
+/// [`md_u32`], which must also be positive.
+fn md_count(c: &Content, key: &str, path: &Path) -> Result<usize> {
+    match md_u32(c, key, path)? {
+        0 => Err(GgufError::BadMetadata {
+            path: path.display().to_string(),
+            key: key.to_string(),
+            value: "0".into(),
+            expected: "positive".into(),
+        }
+        .into()),
+        n => Ok(n),
+    }
+}
+
+/// One more than the largest block index `N` of the `blk.N.*` tensors (0 if none).
+fn blocks_in(c: &Content) -> u64 {
+    c.tensor_infos
+        .keys()
+        .filter_map(|n| {
+            n.strip_prefix("blk.")?
+                .split_once('.')?
+                .0
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|i| i.saturating_add(1))
+        .max()
+        .unwrap_or(0)
 }
 
 fn md_f32(c: &Content, key: &str, path: &Path) -> Result<Option<f64>> {
@@ -116,10 +163,28 @@ impl GgufModel {
     /// Opens a GGUF and checks that it holds a Llama-architecture model.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        let m =
+            std::fs::metadata(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        if !m.is_file() {
+            bail!("{}: not a regular file", path.display());
+        }
         let f = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-        let mut r = BufReader::new(f);
+        Self::from_reader(Box::new(BufReader::new(f)), m.len(), path)
+    }
+
+    /// A GGUF from its bytes in memory (`origin` names it in errors); the same checks as
+    /// [`open`](Self::open).
+    pub fn from_bytes(bytes: Vec<u8>, origin: &str) -> Result<Self> {
+        let len = bytes.len() as u64;
+        Self::from_reader(Box::new(Cursor::new(bytes)), len, PathBuf::from(origin))
+    }
+
+    fn from_reader(mut r: Box<dyn Source>, len: u64, path: PathBuf) -> Result<Self> {
+        let p = path.display().to_string();
+        crate::gguf_check::prescan(&mut r, len, &p)?;
         let content = Content::read(&mut r)
             .with_context(|| format!("{}: not a readable GGUF file", path.display()))?;
+        crate::gguf_check::check_tensor_infos(&content, len, &p)?;
         let arch = md_str(&content, "general.architecture").unwrap_or("?");
         if arch != "llama" {
             bail!(
@@ -130,12 +195,21 @@ impl GgufModel {
         if content.tensor_infos.contains_key("rope_freqs.weight") {
             bail!("{}: GGUF has `rope_freqs.weight` (Llama 3.1 frequency factors): convert from the Hugging Face checkpoint instead", path.display());
         }
-        let n_head = md_u32(&content, "llama.attention.head_count", &path)?;
+        let n_head = md_count(&content, "llama.attention.head_count", &path)?;
         let n_head_kv = match content.metadata.get("llama.attention.head_count_kv") {
-            Some(_) => md_u32(&content, "llama.attention.head_count_kv", &path)?,
+            Some(_) => md_count(&content, "llama.attention.head_count_kv", &path)?,
             None => n_head,
         };
-        let n_layer = md_u32(&content, "llama.block_count", &path)?;
+        let n_layer = md_count(&content, "llama.block_count", &path)?;
+        let found = blocks_in(&content);
+        if n_layer as u64 != found {
+            return Err(GgufError::LayerCountMismatch {
+                path: p,
+                block_count: n_layer as u64,
+                found,
+            }
+            .into());
+        }
         Ok(Self {
             path,
             content,

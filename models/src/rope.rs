@@ -53,11 +53,24 @@ pub struct Rope {
 
 impl Rope {
     /// The tables for positions `0..max_len` of `cfg`'s head dimension and frequencies.
+    /// Errors (rather than aborting) when `max_len · head_dim / 2` overflows or cannot be
+    /// allocated.
     pub fn new(cfg: &LlamaConfig, max_len: usize, dtype: DType, device: &Device) -> Result<Self> {
+        const WHAT: &str = "Rope::new: max_len × head_dim/2";
         let f = inv_freq(cfg);
         let h = f.len();
-        let mut cos = Vec::with_capacity(max_len * h);
-        let mut sin = Vec::with_capacity(max_len * h);
+        let n = candle_fp4::error::checked_product(WHAT, &[max_len, h])?;
+        let bytes = candle_fp4::error::checked_mul(WHAT, n as u64, 8)?;
+        candle_fp4::error::check_host_alloc(WHAT, bytes)?;
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for v in [&mut cos, &mut sin] {
+            v.try_reserve_exact(n)
+                .map_err(|_| candle_fp4::error::SizeError::Alloc {
+                    what: WHAT.into(),
+                    bytes,
+                })?;
+        }
         for p in 0..max_len {
             for &w in &f {
                 let a = p as f32 * w;

@@ -77,8 +77,11 @@ impl Sampler {
         if logits.is_empty() {
             bail!("sample: empty logits");
         }
-        if logits.iter().any(|x| x.is_nan()) {
-            bail!("sample: the logits contain NaN");
+        if let Some(i) = logits.iter().position(|x| x.is_nan()) {
+            bail!(
+                "sample: logit {i} of {} is NaN (the model produced non-finite numbers)",
+                logits.len()
+            );
         }
         let (temperature, top_p) = match self.sampling {
             Sampling::Greedy => return Ok(argmax(logits) as u32),

@@ -4,9 +4,9 @@
 
 use crate::config::{ids_of, LlamaConfig};
 use anyhow::{anyhow, bail, Context, Result};
+use candle_fp4::checkpoint::ModelFolder;
 use serde_json::Value;
 use std::path::Path;
-use std::str::FromStr;
 use tokenizers::Tokenizer;
 
 /// A recognized chat template.
@@ -110,15 +110,8 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(Some(serde_json::from_str(&text).with_context(|| {
-        format!("{}: invalid JSON", path.display())
-    })?))
+fn parse_json(text: &str, origin: &str) -> Result<Value> {
+    serde_json::from_str(text).with_context(|| format!("{origin}: invalid JSON"))
 }
 
 /// A special token's text from `tokenizer_config.json` (a string or `{"content": …}`).
@@ -132,18 +125,45 @@ fn token_text(v: Option<&Value>) -> Option<String> {
 
 impl TextTokenizer {
     /// Reads `dir/tokenizer.json` (required), `tokenizer_config.json`,
-    /// `chat_template.jinja` and `generation_config.json` (optional).
+    /// `chat_template.jinja` and `generation_config.json` (optional), through
+    /// [`ModelFolder`] (regular files inside the folder).
     pub fn from_dir(dir: impl AsRef<Path>, cfg: &LlamaConfig) -> Result<Self> {
         let dir = dir.as_ref();
-        let tpath = dir.join("tokenizer.json");
-        if !tpath.is_file() {
+        let folder = ModelFolder::new(dir)?;
+        let Some((_, tokenizer)) = folder.read_text("tokenizer.json")? else {
             bail!("{}: no tokenizer.json in the model folder", dir.display());
-        }
-        let text = std::fs::read_to_string(&tpath)
-            .with_context(|| format!("cannot read {}", tpath.display()))?;
-        let tokenizer =
-            Tokenizer::from_str(&text).map_err(|e| anyhow!("{}: {e}", tpath.display()))?;
-        let tc = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+        };
+        let text =
+            |name: &str| -> Result<Option<String>> { Ok(folder.read_text(name)?.map(|(_, t)| t)) };
+        Self::from_parts(
+            &tokenizer,
+            text("tokenizer_config.json")?.as_deref(),
+            text("chat_template.jinja")?.as_deref(),
+            text("generation_config.json")?.as_deref(),
+            cfg,
+            &dir.display().to_string(),
+        )
+    }
+
+    /// Builds the tokenizer from the texts of `tokenizer.json` and the optional
+    /// `tokenizer_config.json`, `chat_template.jinja` and `generation_config.json`;
+    /// `origin` names the folder in errors. Reads nothing from disk.
+    pub fn from_parts(
+        tokenizer_json: &str,
+        tokenizer_config: Option<&str>,
+        chat_template: Option<&str>,
+        generation_config: Option<&str>,
+        cfg: &LlamaConfig,
+        origin: &str,
+    ) -> Result<Self> {
+        let tokenizer = crate::tokenizer_json::parse_tokenizer(
+            tokenizer_json,
+            &format!("{origin}/tokenizer.json"),
+        )?;
+        let tc = match tokenizer_config {
+            Some(t) => parse_json(t, &format!("{origin}/tokenizer_config.json"))?,
+            None => Value::Null,
+        };
         let mut template_text: Option<String> = match tc.get("chat_template") {
             Some(Value::String(s)) => Some(s.clone()),
             Some(Value::Array(a)) => a
@@ -153,16 +173,18 @@ impl TextTokenizer {
                 .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
             _ => None,
         };
-        let jinja = dir.join("chat_template.jinja");
-        if template_text.is_none() && jinja.is_file() {
-            template_text = Some(std::fs::read_to_string(&jinja)?);
+        if template_text.is_none() {
+            template_text = chat_template.map(str::to_string);
         }
         let template = template_text.as_deref().and_then(ChatTemplate::detect);
         let unknown_template = template_text.is_some() && template.is_none();
 
         let mut eos_ids = cfg.eos_token_ids.clone();
-        if let Some(Value::Object(g)) = read_json(&dir.join("generation_config.json"))? {
-            eos_ids.extend(ids_of(&g, "eos_token_id", "generation_config.json")?);
+        if let Some(g) = generation_config {
+            let gorigin = format!("{origin}/generation_config.json");
+            if let Value::Object(g) = parse_json(g, &gorigin)? {
+                eos_ids.extend(ids_of(&g, "eos_token_id", &gorigin)?);
+            }
         }
         let mut add_text = |t: Option<String>| {
             if let Some(id) = t.and_then(|t| tokenizer.token_to_id(&t)) {

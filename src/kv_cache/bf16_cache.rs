@@ -9,13 +9,16 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// BF16 KV cache of one layer: K and V in one preallocated BF16 tensor
 /// `[2, batch, capacity, kv_heads, head_dim]`, updated in place with `slice_set`.
-#[derive(Debug, Clone)]
+///
+/// No `Clone`: the storage is written in place, a shallow copy would alias it; see
+/// [`try_clone`](Self::try_clone) and [`copy_seq`](Self::copy_seq).
+#[derive(Debug)]
 pub struct Bf16Cache {
-    shape: CacheShape,
-    kv: Tensor,
-    lens: Lengths,
+    pub(super) shape: CacheShape,
+    pub(super) kv: Tensor,
+    pub(super) lens: Lengths,
     /// The kernels its ops launch (CUDA), resolved at construction.
-    plan: PlanRef,
+    pub(super) plan: PlanRef,
 }
 
 impl Bf16Cache {
@@ -24,7 +27,8 @@ impl Bf16Cache {
     pub fn new(shape: CacheShape, device: &Device) -> Result<Self> {
         const WHAT: &str = "Bf16Cache::new";
         shape.check(WHAT, KvCacheKind::Bf16, device)?;
-        shape.elems(WHAT, 2 * shape.head_dim)?;
+        let elems = shape.elems(WHAT, 2 * shape.head_dim)?;
+        super::shape::check_alloc(WHAT, elems, 2, device)?;
         let CacheShape {
             batch,
             capacity,

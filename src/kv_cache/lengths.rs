@@ -79,4 +79,20 @@ impl Lengths {
         }
         self.update(plan, seq, 1, 0, false)
     }
+
+    /// A deep copy like `clone`, but a failed device copy is an error rather than a
+    /// fallback to a shared tensor.
+    pub(crate) fn try_clone(&self) -> Result<Self> {
+        Ok(Self {
+            host: self.host.clone(),
+            dev: self.dev.copy()?,
+        })
+    }
+
+    /// Sets sequence `dst`'s length to sequence `src`'s (both checked by the caller to be
+    /// in range).
+    pub(crate) fn copy_len(&mut self, plan: &PlanRef, src: usize, dst: usize) -> Result<()> {
+        let n = self.host[src];
+        self.update(plan, dst, 1, n, false)
+    }
 }

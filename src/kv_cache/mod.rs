@@ -55,6 +55,7 @@ mod bf16_cache;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod fork;
 mod lengths;
 mod ops;
 #[cfg(feature = "cuda")]
@@ -72,7 +73,8 @@ pub use ultraquant_cache::UltraQuantCache;
 use candle_core::{Device, Result, Tensor};
 
 /// A KV cache of either kind, with the same interface, so models switch with one option.
-#[derive(Debug, Clone)]
+/// No `Clone` (it would share storage written in place): [`KvCache::try_clone`].
+#[derive(Debug)]
 pub enum KvCache {
     /// BF16 storage.
     Bf16(Bf16Cache),
@@ -200,6 +202,24 @@ impl KvCache {
         match self {
             Self::Bf16(c) => c.decode_attention_with(q, opts),
             Self::UltraQuant(c) => c.decode_attention_with(q, opts),
+        }
+    }
+
+    /// A deep copy of the cache (see [`Bf16Cache::try_clone`]); the cache types implement
+    /// no `Clone`, which would share the storage.
+    pub fn try_clone(&self) -> Result<Self> {
+        Ok(match self {
+            Self::Bf16(c) => Self::Bf16(c.try_clone()?),
+            Self::UltraQuant(c) => Self::UltraQuant(c.try_clone()?),
+        })
+    }
+
+    /// Makes sequence `dst` a copy of sequence `src` (beam search, a shared prefix); see
+    /// [`Bf16Cache::copy_seq`].
+    pub fn copy_seq(&mut self, src: usize, dst: usize) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.copy_seq(src, dst),
+            Self::UltraQuant(c) => c.copy_seq(src, dst),
         }
     }
 }

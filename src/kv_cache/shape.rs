@@ -122,6 +122,21 @@ pub struct DecodeOptions {
     pub ring_first: Option<bool>,
 }
 
+/// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before
+/// an infallible allocation would abort (CPU only; CUDA allocations fail with an error).
+pub(crate) fn check_alloc(
+    what: &str,
+    elems: usize,
+    elem_bytes: u64,
+    device: &Device,
+) -> Result<()> {
+    if device.is_cpu() {
+        let bytes = crate::error::checked_mul(what, elems as u64, elem_bytes)?;
+        crate::error::check_host_alloc(what, bytes)?;
+    }
+    Ok(())
+}
+
 /// Checks new K/V (`[batch, tokens, kv_heads, head_dim]`, or `[tokens, kv_heads, head_dim]`
 /// when `n_seq == 1`) for an append of `n_seq` sequences; returns the token count.
 pub(crate) fn check_new_kv(

@@ -16,16 +16,19 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 /// attention and read-back use those exact values for them, the FP4 slots for older tokens.
 /// Every token is still written to its slot at append, so the slots always hold the whole
 /// sequence in the format.
-#[derive(Debug, Clone)]
+///
+/// No `Clone`: the storage is written in place, a shallow copy would alias it; see
+/// [`try_clone`](Self::try_clone) and [`copy_seq`](Self::copy_seq).
+#[derive(Debug)]
 pub struct UltraQuantCache {
-    shape: CacheShape,
-    slot: usize,
+    pub(super) shape: CacheShape,
+    pub(super) slot: usize,
     /// U8 `[batch · capacity · kv_heads · slot + SLOT_PADDING]`.
-    data: Tensor,
-    lens: Lengths,
+    pub(super) data: Tensor,
+    pub(super) lens: Lengths,
     /// The kernels its ops launch (CUDA), resolved at construction.
-    plan: PlanRef,
-    window: Option<ExactWindow>,
+    pub(super) plan: PlanRef,
+    pub(super) window: Option<ExactWindow>,
 }
 
 impl UltraQuantCache {
@@ -41,6 +44,7 @@ impl UltraQuantCache {
         let Some(bytes) = bytes else {
             bail!("{WHAT}: cache size overflows usize")
         };
+        super::shape::check_alloc(WHAT, bytes, 1, device)?;
         let data = Tensor::zeros(bytes, DType::U8, device)?;
         Ok(Self {
             shape,
@@ -57,6 +61,7 @@ impl UltraQuantCache {
     /// head_dim` bytes per sequence more. Errors as `new`, and when `window` exceeds the
     /// capacity.
     pub fn with_window(shape: CacheShape, window: usize, device: &Device) -> Result<Self> {
+        const WHAT_W: &str = "UltraQuantCache::with_window";
         let mut c = Self::new(shape, device)?;
         if window > shape.capacity {
             bail!(
@@ -65,6 +70,11 @@ impl UltraQuantCache {
             )
         }
         if window > 0 {
+            let ring_elems = crate::error::checked_product(
+                WHAT_W,
+                &[2, shape.batch, window, shape.kv_heads, shape.head_dim],
+            )?;
+            super::shape::check_alloc(WHAT_W, ring_elems, 2, device)?;
             let ring = Tensor::zeros(
                 (2, shape.batch, window, shape.kv_heads, shape.head_dim),
                 DType::BF16,

@@ -21,6 +21,7 @@ mod dequant;
 mod dequant_cuda;
 mod quantize;
 mod swizzle;
+mod validate;
 
 pub use codec::{
     e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, BLOCK_SIZE, E2M1_VALUES, E4M3_MAX,
@@ -34,3 +35,4 @@ pub use swizzle::{
     swizzle_blockscale, swizzle_blockscale_bytes, swizzled_offset, swizzled_shape,
     unswizzle_blockscale, unswizzle_blockscale_bytes,
 };
+pub use validate::first_bad_block_scale;

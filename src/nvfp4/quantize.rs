@@ -1,6 +1,7 @@
 //! NVFP4 weight quantization, bit-exact with NVIDIA ModelOpt (`NVFP4QTensor`).
 
 use super::codec::{e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, BLOCK_SIZE, E4M3_MAX};
+use crate::error::QuantizeError;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// A weight matrix `[n, k]` quantized to NVFP4, in the checkpoint layout.
@@ -73,8 +74,9 @@ pub fn block_scale_e4m3(block_amax: f32, global_scale: f32) -> u8 {
 ///   cast to E4M3 with round-to-nearest-even (small scales become subnormal);
 /// * codes: E2M1 of `w / (f32(scale) · global_scale)`, ties to even, saturating at ±6.
 ///
-/// Errors on `k` not a multiple of 16, a length that is not `n·k`, NaN/Inf in `w`, an
-/// all-zero matrix (its global scale would be 0), or a given global scale that is not a
+/// Errors on `k` not a multiple of 16, a length that is not `n·k` (or an `n·k` that
+/// overflows), NaN/Inf in `w`, an all-zero matrix or one whose amax is so small (below
+/// about 1.5e-42) that its global scale underflows to 0, or a given global scale that is not a
 /// positive finite number or is smaller than this matrix needs (`amax / (6·448)`).
 pub fn quantize_nvfp4_slice(
     w: &[f32],
@@ -83,22 +85,20 @@ pub fn quantize_nvfp4_slice(
     global_scale: Option<f32>,
 ) -> Result<Nvfp4Quantized> {
     if k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
-        bail!("quantize_nvfp4: in_features k = {k} must be a positive multiple of {BLOCK_SIZE}");
+        Err(QuantizeError::BadK { k })?
     }
-    if w.len() != n * k {
-        bail!(
-            "quantize_nvfp4: got {} values for a [{n}, {k}] matrix",
-            w.len()
-        );
+    let len = crate::error::checked_product("quantize_nvfp4: n·k", &[n, k])?;
+    if w.len() != len {
+        Err(QuantizeError::Length { len: w.len(), n, k })?
     }
     let mut amax = 0f32;
     for (i, &v) in w.iter().enumerate() {
         if !v.is_finite() {
-            bail!(
-                "quantize_nvfp4: non-finite weight {v} at row {}, column {}",
-                i / k,
-                i % k
-            );
+            Err(QuantizeError::NonFinite {
+                row: i / k,
+                col: i % k,
+                value: v,
+            })?
         }
         amax = amax.max(v.abs());
     }
@@ -106,18 +106,22 @@ pub fn quantize_nvfp4_slice(
     let gs = match global_scale {
         None => {
             if amax == 0.0 {
-                bail!("quantize_nvfp4: the [{n}, {k}] matrix is all zeros; its global scale would be 0");
+                Err(QuantizeError::AllZero { n, k })?
+            }
+            if own == 0.0 {
+                Err(QuantizeError::GlobalScaleUnderflow { n, k, amax })?
             }
             own
         }
         Some(g) => {
             if !(g.is_finite() && g > 0.0) {
-                bail!("quantize_nvfp4: global scale {g} must be a positive finite number");
+                Err(QuantizeError::BadGlobalScale { value: g })?
             }
             if g < own {
-                bail!(
-                    "quantize_nvfp4: global scale {g} is below this matrix's amax/(6*448) = {own}"
-                );
+                Err(QuantizeError::GlobalScaleTooSmall {
+                    value: g,
+                    needed: own,
+                })?
             }
             g
         }

@@ -51,13 +51,23 @@ impl QuantLinear {
         if n == 0 || k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
             bail!("QuantLinear: NVFP4 weight [{n}, {k}] needs N > 0 and K a positive multiple of {BLOCK_SIZE}");
         }
-        if q.weight.len() != n * k / 2 || q.weight_scale.len() != n * (k / BLOCK_SIZE) {
+        let code_bytes =
+            crate::error::checked_product("QuantLinear: NVFP4 code bytes", &[n, k / 2])?;
+        let scale_bytes =
+            crate::error::checked_product("QuantLinear: NVFP4 scale bytes", &[n, k / BLOCK_SIZE])?;
+        if q.weight.len() != code_bytes || q.weight_scale.len() != scale_bytes {
             bail!(
-                "QuantLinear: NVFP4 weight [{n}, {k}] needs {} code bytes and {} scale bytes, got {} and {}",
-                n * k / 2,
-                n * (k / BLOCK_SIZE),
+                "QuantLinear: NVFP4 weight [{n}, {k}] needs {code_bytes} code bytes and {scale_bytes} scale bytes, got {} and {}",
                 q.weight.len(),
                 q.weight_scale.len()
+            );
+        }
+        if let Some((i, b, v)) = crate::nvfp4::first_bad_block_scale(&q.weight_scale) {
+            let s = k / BLOCK_SIZE;
+            bail!(
+                "QuantLinear: block scale {i} (row {}, block {}) is byte {b:#04x} = {v}: E4M3 block scales must be finite and non-negative",
+                i / s,
+                i % s
             );
         }
         if !(q.global_scale.is_finite() && q.global_scale > 0.0) {

@@ -2,7 +2,8 @@
 
 use super::layer::QuantLinear;
 use crate::checkpoint::Checkpoint;
-use crate::nvfp4::{Nvfp4Quantized, BLOCK_SIZE};
+use crate::error::CheckpointError;
+use crate::nvfp4::{first_bad_block_scale, Nvfp4Quantized, BLOCK_SIZE};
 use crate::quant_config::QuantConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
@@ -37,16 +38,32 @@ fn read_nvfp4(ckpt: &Checkpoint, prefix: &str, cfg: &QuantConfig) -> Result<Nvfp
             cfg.quant_algo
         ),
     };
-    let k = 2 * k2;
+    let k = k2.saturating_mul(2); // k2 ≤ the file's size: no saturation in practice
     if n == 0 || k == 0 || !k.is_multiple_of(BLOCK_SIZE) {
         bail!("{origin}: tensor `{wname}` has shape [{n}, {k2}]: K = {k} must be a positive multiple of {BLOCK_SIZE}");
     }
     let sname = format!("{prefix}.weight_scale");
     let s = ckpt.get_checked(&sname, &[DType::F8E4M3, DType::U8], &[n, k / BLOCK_SIZE])?;
+    if let Some((index, byte, value)) = first_bad_block_scale(s.data) {
+        let (row, block) = (index / (k / BLOCK_SIZE), index % (k / BLOCK_SIZE));
+        Err(CheckpointError::BadBlockScale {
+            file: origin.to_string(),
+            tensor: sname,
+            index,
+            row,
+            block,
+            byte,
+            value,
+        })?
+    }
     let gname = format!("{prefix}.weight_scale_2");
     let global_scale = ckpt.scalar_f32(&gname)?;
     if !(global_scale.is_finite() && global_scale > 0.0) {
-        bail!("{origin}: tensor `{gname}` = {global_scale}, a global scale must be a positive finite number");
+        Err(CheckpointError::BadGlobalScale {
+            file: origin.to_string(),
+            tensor: gname,
+            value: global_scale,
+        })?
     }
     Ok(Nvfp4Quantized {
         n,

@@ -17,9 +17,9 @@
 //! * Zero: every `x` in `(−0.25, 0.25]`, including −0.0 and tiny negatives, encodes as code 0
 //!   (+0). Code 8 (−0) is never produced by the encoder; [`decode_e2m1`] still decodes it to
 //!   −0.0 as the E2M1 definition says.
-//! * NaN encodes as code 0. (The bare `>` count would give −6; vLLM never reaches that case
-//!   because a NaN anywhere in a group turns the whole group into the zero sentinel, which is
-//!   what [`crate::ultraquant::group::encode_group`] does too.)
+//! * NaN encodes as code 0. (The bare `>` count would give −6; the group encoder never
+//!   reaches that case because a NaN anywhere in a group gives the whole group the NaN scale
+//!   byte and zero codes, see [`crate::ultraquant::group::encode_group`].)
 
 /// E2M1 magnitudes indexed by the low 3 bits of a code.
 pub const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];

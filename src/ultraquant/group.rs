@@ -2,8 +2,11 @@
 //!
 //! For one group `x` (32 values in the format; any even length here):
 //!
-//! 1. If any value is NaN or ±∞ the group is the zero sentinel (scale byte 0, all codes 0),
-//!    as in vLLM's reference, where `amax` is then non-finite.
+//! 1. If any value is NaN or ±∞ the group gets the NaN scale byte [`NAN_SCALE`] (255) and
+//!    all codes 0, so that it decodes to 32 NaNs: a NaN in K or V propagates through
+//!    attention as it does with the BF16 cache instead of vanishing. (vLLM's reference
+//!    writes the zero sentinel there, which silently replaces the group by zeros; this is
+//!    the one place where we deviate from it. See `docs/reliability.md`.)
 //! 2. `byte = scale_for_absmax(max |x|, c)`; byte 0 (all-zero group, or scale below 2^-126)
 //!    also writes all codes 0.
 //! 3. Otherwise `s = 2^(byte − 127)` and each code is `encode_e2m1(x / s)`, the division in
@@ -14,7 +17,7 @@
 //!    high nibble.
 //!
 //! Decoding is `decode_e2m1(code) · ue8m0_decode(byte)`, exact in f32; a zero-sentinel group
-//! decodes to zeros whatever its codes, a 255 scale byte to NaN.
+//! decodes to zeros whatever its codes, a 255 scale byte ([`NAN_SCALE`]) to NaN.
 
 use candle_core::{bail, Result};
 
@@ -22,8 +25,12 @@ use super::e2m1::{decode_e2m1, encode_e2m1};
 use super::format::GROUP_SIZE;
 use super::ue8m0::{scale_for_absmax, ue8m0_decode};
 
+/// The scale byte of a group holding NaN or ±∞: UE8M0's NaN, so the group decodes to NaN.
+pub const NAN_SCALE: u8 = 255;
+
 /// Encode one group with constant `c`: write `group.len() / 2` packed code bytes to `codes`
-/// and return the UE8M0 scale byte.
+/// and return the UE8M0 scale byte ([`NAN_SCALE`] with zero codes for a group holding NaN
+/// or ±∞).
 ///
 /// Errors when `group` is empty or of odd length, or `codes` is not `group.len() / 2` long.
 pub fn encode_group(group: &[f32], c: f32, codes: &mut [u8]) -> Result<u8> {
@@ -41,12 +48,12 @@ pub fn encode_group(group: &[f32], c: f32, codes: &mut [u8]) -> Result<u8> {
             group.len() / 2
         )
     }
-    let byte = if group.iter().all(|x| x.is_finite()) {
-        let absmax = group.iter().fold(0f32, |m, x| m.max(x.abs()));
-        scale_for_absmax(absmax, c)
-    } else {
-        0
-    };
+    if !group.iter().all(|x| x.is_finite()) {
+        codes.fill(0);
+        return Ok(NAN_SCALE);
+    }
+    let absmax = group.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let byte = scale_for_absmax(absmax, c);
     if byte == 0 {
         codes.fill(0);
         return Ok(0);

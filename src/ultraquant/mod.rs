@@ -8,7 +8,8 @@
 //! * Groups of [`GROUP_SIZE`] = 32 values along head_dim share one UE8M0 scale byte
 //!   `s = 2^(byte − 127)` ([`ue8m0`]). The scale is `s = 2^round(log2(c · absmax))` with
 //!   `c` = [`DEFAULT_CONSTANT_C`] = 0.156, rounding half up in f32; byte 0 is the zero
-//!   sentinel. `absmax / s` lies in about [4.53, 9.07], so the top of some groups is clipped
+//!   sentinel; a group holding NaN or ±∞ gets byte 255 (NaN) and decodes to NaN (vLLM writes
+//!   the zero sentinel there; we propagate instead, as the BF16 cache does). `absmax / s` lies in about [4.53, 9.07], so the top of some groups is clipped
 //!   to ±6 on purpose (MSE-optimal).
 //! * Values are encoded as `e2m1(x / s)`: nearest level, a midpoint goes to the lower level,
 //!   saturating at ±6. Decoding is `e2m1 · s`.

@@ -15,7 +15,9 @@
 mod common;
 
 use anyhow::{bail, Result};
+use candle_core::{DType, Tensor};
 use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4_models::errors::{check_finite_logits, ConfigError};
 use candle_fp4_models::sampling::Sampler;
 use candle_fp4_models::tokenizer::TextTokenizer;
 use candle_fp4_models::{Llama, LoadOptions, DEFAULT_KV_WINDOW};
@@ -63,9 +65,14 @@ struct Args {
     /// RNG seed for sampling.
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
-    /// Context (KV-cache) length; default min(max_position_embeddings, 4096).
+    /// Context (KV-cache) length; default min(max_position_embeddings, 4096); at most
+    /// max_position_embeddings unless --allow-long-context.
     #[arg(long)]
     max_seq_len: Option<usize>,
+    /// Accept a --max-seq-len beyond the model's max_position_embeddings (positions the
+    /// model was not trained for).
+    #[arg(long)]
+    allow_long_context: bool,
     /// Keep generating past end-of-generation tokens (for benchmarks: exactly
     /// --max-tokens tokens).
     #[arg(long)]
@@ -88,6 +95,14 @@ fn run(args: Args) -> Result<()> {
             .build_global()
             .ok();
     }
+    if args.max_tokens == 0 {
+        return Err(ConfigError::BadOption {
+            option: "--max-tokens".into(),
+            value: "0".into(),
+            expected: "must be at least 1 (the first generated token comes with the prompt)".into(),
+        }
+        .into());
+    }
     let device = cli::device(&args.device)?;
     let dir = cli::resolve_model(&args.model)?;
     let opts = LoadOptions {
@@ -95,6 +110,7 @@ fn run(args: Args) -> Result<()> {
         max_seq_len: args.max_seq_len,
         prefill_chunk: args.prefill_chunk,
         kv_window: args.kv_window,
+        allow_long_context: args.allow_long_context,
         ..Default::default()
     };
     let t0 = Instant::now();
@@ -139,7 +155,9 @@ fn run(args: Args) -> Result<()> {
 
     let t_prompt = Instant::now();
     let logits = model.forward(&ids, 0)?;
-    let mut next = sampler.sample(&logits)?;
+    let mut next = sample(&mut sampler, &logits, || {
+        format!("the prompt's last token (position {})", ids.len() - 1)
+    })?;
     let prompt_s = t_prompt.elapsed().as_secs_f64();
 
     let mut generated = 0usize;
@@ -169,7 +187,9 @@ fn run(args: Args) -> Result<()> {
         }
         let logits = model.forward(&[next], pos)?;
         decode_steps += 1;
-        next = sampler.sample(&logits)?;
+        next = sample(&mut sampler, &logits, || {
+            format!("generation step {decode_steps} (position {pos})")
+        })?;
     }
     let decode_s = t_decode.elapsed().as_secs_f64();
     writeln!(out)?;
@@ -187,6 +207,13 @@ fn run(args: Args) -> Result<()> {
         },
     );
     Ok(())
+}
+
+/// The next token from `logits` `[vocab]`; non-finite logits are an error naming `at`.
+fn sample(sampler: &mut Sampler, logits: &Tensor, at: impl FnOnce() -> String) -> Result<u32> {
+    let v: Vec<f32> = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    check_finite_logits(&v, at)?;
+    sampler.sample_slice(&v)
 }
 
 fn main() -> ExitCode {

@@ -16,6 +16,7 @@ mod common;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, D};
 use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4_models::errors::check_finite_logits;
 use candle_fp4_models::tokenizer::TextTokenizer;
 use candle_fp4_models::{Llama, LoadOptions, DEFAULT_KV_WINDOW};
 use clap::Parser;
@@ -33,9 +34,13 @@ struct Args {
     /// UTF-8 text file.
     #[arg(long, default_value = "tests/data/text/alice_ch1-3.txt")]
     text: PathBuf,
-    /// Tokens per window.
+    /// Tokens per window (at most the model's max_position_embeddings unless
+    /// --allow-long-context).
     #[arg(long, default_value_t = 512)]
     ctx: usize,
+    /// Accept a --ctx beyond the model's max_position_embeddings.
+    #[arg(long)]
+    allow_long_context: bool,
     /// Skip the first N windows (e.g. those a GPTQ calibration used: `--skip-windows 4`
     /// after `quantize --calib-tokens 2048` on the same text with 512-token windows).
     #[arg(long, default_value_t = 0)]
@@ -73,6 +78,7 @@ fn run(a: Args) -> Result<()> {
         max_seq_len: Some(a.ctx),
         prefill_chunk: a.prefill_chunk,
         kv_window: a.kv_window,
+        allow_long_context: a.allow_long_context,
         ..Default::default()
     };
     let mut model = Llama::load(&dir, &device, &opts)?;
@@ -115,6 +121,16 @@ fn run(a: Args) -> Result<()> {
             D::Minus1,
         )?;
         let lsm = lsm.to_vec2::<f32>()?;
+        for (t, row) in lsm.iter().enumerate() {
+            // Non-finite logits give a non-finite log-softmax row: never a "perplexity NaN".
+            check_finite_logits(row, || {
+                format!(
+                    "window {} (text token {})",
+                    a.skip_windows + i + 1,
+                    (a.skip_windows + i) * a.ctx + t
+                )
+            })?;
+        }
         for (row, &target) in lsm.iter().zip(&w[1..]) {
             nll -= row[target as usize] as f64;
             count += 1;

@@ -36,6 +36,7 @@ impl Attention {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let qkv = ld.fused(&names)?;
         check_dims(
+            ld.ckpt.origin(),
             &format!("{prefix}.q_proj|k_proj|v_proj"),
             qkv.out_features(),
             qkv.in_features(),
@@ -44,6 +45,7 @@ impl Attention {
         )?;
         let o = ld.linear(&format!("{prefix}.o_proj"))?;
         check_dims(
+            ld.ckpt.origin(),
             &format!("{prefix}.o_proj"),
             o.out_features(),
             o.in_features(),

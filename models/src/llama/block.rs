@@ -29,11 +29,20 @@ impl Block {
         let a = format!("{p}.self_attn");
         let attn = Attention::load(ld, cfg, &a, rope)?;
         let mlp = Mlp::load(ld, cfg, &format!("{p}.mlp"))?;
+        // A bias the config promises must be there (never silently run without).
+        let missing = |t: String| candle_fp4::error::CheckpointError::MissingTensor {
+            file: ld.ckpt.origin().to_string(),
+            tensor: t,
+        };
         if cfg.attention_bias && !attn.has_qkv_bias() {
-            bail!(
-                "{}: config says attention_bias but `{a}.q_proj.bias` is missing",
-                ld.ckpt.origin()
-            );
+            return Err(missing(format!("{a}.q_proj.bias")).into());
+        }
+        if cfg.mlp_bias && !mlp.has_bias() {
+            let m = format!("{p}.mlp");
+            return Err(missing(format!(
+                "{m}.gate_proj.bias / up_proj.bias / down_proj.bias"
+            ))
+            .into());
         }
         let h = cfg.hidden_size;
         Ok(Self {

@@ -167,10 +167,24 @@ impl FusedLinear {
     }
 }
 
-/// Checks that `l` is `[n, k]` (`what` names it in the error).
-pub(super) fn check_dims(what: &str, out: usize, inp: usize, n: usize, k: usize) -> Result<()> {
+/// Checks that a layer `[out, inp]` is `[n, k]` (`what` names it in the error, `origin`
+/// its checkpoint): a typed [`ShapeMismatch`](crate::errors::ConfigError::ShapeMismatch).
+pub(super) fn check_dims(
+    origin: &str,
+    what: &str,
+    out: usize,
+    inp: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
     if out != n || inp != k {
-        bail!("`{what}` is [{out}, {inp}], the config needs [{n}, {k}]");
+        return Err(crate::errors::ConfigError::ShapeMismatch {
+            origin: origin.to_string(),
+            tensor: what.to_string(),
+            found: vec![out, inp],
+            expected: vec![n, k],
+        }
+        .into());
     }
     Ok(())
 }

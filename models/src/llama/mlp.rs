@@ -23,6 +23,7 @@ impl Mlp {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let gate_up = ld.fused(&names)?;
         check_dims(
+            ld.ckpt.origin(),
             &format!("{prefix}.gate_proj|up_proj"),
             gate_up.out_features(),
             gate_up.in_features(),
@@ -31,6 +32,7 @@ impl Mlp {
         )?;
         let down = ld.linear(&format!("{prefix}.down_proj"))?;
         check_dims(
+            ld.ckpt.origin(),
             &format!("{prefix}.down_proj"),
             down.out_features(),
             down.in_features(),
@@ -38,6 +40,11 @@ impl Mlp {
             cfg.intermediate_size,
         )?;
         Ok(Self { gate_up, down })
+    }
+
+    /// Whether gate/up (the first of them) and down_proj all carry a bias.
+    pub fn has_bias(&self) -> bool {
+        self.gate_up.has_bias() && self.down.bias().is_some()
     }
 
     /// The Linears of `site` (gate, up fused or not, or down_proj); none for attention's.

@@ -61,6 +61,10 @@ pub struct LoadOptions {
     /// slots (`candle_fp4::kv_cache`'s exact window; 0 = every token read from FP4).
     /// Default [`DEFAULT_KV_WINDOW`].
     pub kv_window: usize,
+    /// Accept a `max_seq_len` beyond the model's `max_position_embeddings` (positions the
+    /// model was not trained for); default `false`: such a request is a
+    /// [`ConfigError::ContextTooLong`](crate::errors::ConfigError::ContextTooLong).
+    pub allow_long_context: bool,
 }
 
 /// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
@@ -79,6 +83,7 @@ impl Default for LoadOptions {
             dtype: None,
             prefill_chunk: 32,
             kv_window: DEFAULT_KV_WINDOW,
+            allow_long_context: false,
         }
     }
 }
@@ -122,12 +127,13 @@ impl Llama {
         } else {
             DType::BF16
         });
-        let max_seq_len = opts
-            .max_seq_len
-            .unwrap_or(cfg.max_position_embeddings.min(4096));
-        if max_seq_len == 0 {
-            bail!("max_seq_len must be positive");
-        }
+        let max_seq_len = crate::validate::check_load(
+            &cfg,
+            dir,
+            &ckpt,
+            opts.max_seq_len,
+            opts.allow_long_context,
+        )?;
         let h = cfg.hidden_size;
         let ld = Loader {
             ckpt: &ckpt,
@@ -142,12 +148,13 @@ impl Llama {
             bail!("{}: `{ename}` is {:?}: quantized embeddings are not supported (ModelOpt keeps them in 16 bits)", ckpt.origin(), e.dtype);
         }
         if e.shape != [cfg.vocab_size, h] {
-            bail!(
-                "{}: `{ename}` has shape {:?}, the config needs [{}, {h}]",
-                ckpt.origin(),
-                e.shape,
-                cfg.vocab_size
-            );
+            return Err(crate::errors::ConfigError::ShapeMismatch {
+                origin: ckpt.origin().to_string(),
+                tensor: ename.to_string(),
+                found: e.shape.clone(),
+                expected: vec![cfg.vocab_size, h],
+            }
+            .into());
         }
         let embed = e.to_tensor(device)?.to_dtype(DType::BF16)?;
 
@@ -157,19 +164,20 @@ impl Llama {
             .map(|i| Block::load(&ld, &cfg, i, &rope))
             .collect::<Result<Vec<_>>>()?;
         let norm = ld.vector("model.norm.weight", h)?;
-        let lm_head = if cfg.tie_word_embeddings || !ckpt.contains("lm_head.weight") {
+        // Untied: `lm_head.weight` must be there (a missing one is an error naming it,
+        // never a silent fallback to the embedding).
+        let lm_head = if cfg.tie_word_embeddings {
             QuantLinear::from_bf16(embed.clone(), None)?
         } else {
             let l = ld.linear("lm_head")?;
-            if l.out_features() != cfg.vocab_size || l.in_features() != h {
-                bail!(
-                    "{}: `lm_head` is [{}, {}], the config needs [{}, {h}]",
-                    ckpt.origin(),
-                    l.out_features(),
-                    l.in_features(),
-                    cfg.vocab_size
-                );
-            }
+            linear::check_dims(
+                ckpt.origin(),
+                "lm_head",
+                l.out_features(),
+                l.in_features(),
+                cfg.vocab_size,
+                h,
+            )?;
             l
         };
         let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);

@@ -256,10 +256,16 @@ pub fn quantize_with_budget(
                 o.exclude.push(e);
             }
         }
-        let s = quantize_model(&dir, output, &o, on_progress)?;
-        let text = serde_json::to_string_pretty(&plan.to_json())? + "\n";
-        let p = output.join(PLAN_FILE);
-        std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+        // The checkpoint and the plan go into one staging folder, moved into place only
+        // when both are written (a failed run leaves `output` as it was).
+        let mut s = crate::staging::write_atomically(output, |staging| {
+            let s = quantize_model(&dir, staging, &o, on_progress)?;
+            let text = serde_json::to_string_pretty(&plan.to_json())? + "\n";
+            let p = staging.join(PLAN_FILE);
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+            Ok(s)
+        })?;
+        s.output = output.to_path_buf();
         Ok((s, plan))
     })();
     if let Some(t) = tmp {

@@ -9,8 +9,8 @@
 use super::select::{bf16_bytes, nvfp4_bytes, MixCandidate};
 use crate::eval::metrics::{kl_divergence, log_softmax};
 use crate::llama::Site;
-use crate::quant::rtn::quantize_group;
 use crate::llama::{Llama, LoadOptions};
+use crate::quant::rtn::quantize_group;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::checkpoint::Checkpoint;
@@ -101,6 +101,7 @@ pub fn measure_sensitivity(
         dtype: None,
         prefill_chunk: longest,
         kv_window: 0,
+        ..Default::default()
     };
     let mut model = Llama::load(dir, &Device::Cpu, &lopts)
         .context("loading the unquantized model for the sensitivity measurement")?;

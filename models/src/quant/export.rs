@@ -2,7 +2,7 @@
 //! metadata as Python's `safetensors`), the NVFP4 tensors of a Linear in ModelOpt's names
 //! and dtypes, the quant-config json, and the tokenizer files copied along.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::DType;
 use candle_fp4::nvfp4::{Nvfp4Quantized, BLOCK_SIZE};
 use safetensors::tensor::{Dtype as StDtype, View};
@@ -49,18 +49,9 @@ impl View for &OwnedTensor {
     }
 }
 
+/// The safetensors dtype of a candle dtype (every dtype a checkpoint can hold maps back).
 pub(super) fn st_dtype(dt: DType) -> Result<StDtype> {
-    Ok(match dt {
-        DType::BF16 => StDtype::BF16,
-        DType::F16 => StDtype::F16,
-        DType::F32 => StDtype::F32,
-        DType::F64 => StDtype::F64,
-        DType::U8 => StDtype::U8,
-        DType::U32 => StDtype::U32,
-        DType::I64 => StDtype::I64,
-        DType::F8E4M3 => StDtype::F8_E4M3,
-        d => bail!("cannot write dtype {d:?}"),
-    })
+    Ok(StDtype::from(dt))
 }
 
 /// Serializes `tensors` as Python's `safetensors.torch.save_file(..., metadata={"format": "pt"})` does.

@@ -109,6 +109,10 @@ fn sibling_tmp(p: &Path, tag: &str) -> PathBuf {
 /// With [`QuantMethod::Gptq`] the unquantized model is run over the calibration tokens
 /// first (a GGUF is converted to a temporary BF16 folder next to `output` for that, and
 /// the weights are read from there: the same BF16 values).
+///
+/// The files are written into a staging folder next to `output` and moved into place
+/// only when complete ([`crate::staging::write_atomically`]): a failed run leaves `output`
+/// as it was.
 pub fn quantize_model(
     input: &Path,
     output: &Path,
@@ -116,6 +120,19 @@ pub fn quantize_model(
     on_progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Summary> {
     check_gptq_options(opts)?;
+    let mut s = crate::staging::write_atomically(output, |staging| {
+        quantize_model_staged(input, staging, opts, on_progress)
+    })?;
+    s.output = output.to_path_buf();
+    Ok(s)
+}
+
+fn quantize_model_staged(
+    input: &Path,
+    output: &Path,
+    opts: &QuantizeOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Summary> {
     if matches!(opts.method, QuantMethod::Gptq { .. }) && input.is_file() {
         let tmp = sibling_tmp(output, "bf16");
         let _ = std::fs::remove_dir_all(&tmp);
@@ -140,8 +157,15 @@ fn quantize_model_from(
     let format = opts.format;
     let src = Source::open(input)?;
     let mut config = src.config()?;
-    // Fail early on a model this port cannot run.
-    LlamaConfig::from_json_str(&config.to_string(), &format!("{}: config", input.display()))?;
+    // Fail early on a model this port cannot run, or whose config and weights disagree.
+    let corigin = format!("{}: config", input.display());
+    let cfg = LlamaConfig::from_json_str(&config.to_string(), &corigin)?;
+    crate::validate::check_layer_count(
+        &cfg,
+        &corigin,
+        &input.display().to_string(),
+        &src.names().iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
     if output.exists() {
         let empty = std::fs::read_dir(output)
             .map(|mut d| d.next().is_none())
@@ -228,6 +252,7 @@ fn quantize_model_from(
                 dtype: None,
                 prefill_chunk: longest,
                 kv_window: 0,
+                ..Default::default()
             };
             let mut model = Llama::load(dir, &candle_core::Device::Cpu, &lopts)
                 .context("loading the unquantized model for GPTQ calibration")?;
@@ -367,12 +392,9 @@ fn quantize_model_from(
     }
     match &src {
         Source::Hf { dir, .. } => {
+            let folder = candle_fp4::checkpoint::ModelFolder::new(dir)?;
             for f in TOKENIZER_FILES {
-                let p = dir.join(f);
-                if p.is_file() {
-                    std::fs::copy(&p, output.join(f))
-                        .with_context(|| format!("cannot copy {}", p.display()))?;
-                }
+                crate::staging::copy_model_file(&folder, f, &output.join(f))?;
             }
         }
         Source::Gguf(g) => {

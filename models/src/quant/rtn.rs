@@ -13,7 +13,7 @@ pub const DEFAULT_EXCLUDE: [&str; 2] = ["lm_head", "model.embed_tokens"];
 pub fn quantize_group(weights: &[(Vec<f32>, usize, usize)]) -> Result<Vec<Nvfp4Quantized>> {
     let mut shared = 0f32;
     for (w, n, k) in weights {
-        if w.len() != n * k {
+        if n.checked_mul(*k) != Some(w.len()) {
             bail!("quantize_group: {} values for [{n}, {k}]", w.len());
         }
         let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -42,12 +42,7 @@ impl Source {
             bail!("{}: no such file or folder", input.display());
         }
         let cpath = input.join("config.json");
-        let text = std::fs::read_to_string(&cpath).with_context(|| {
-            format!(
-                "{}: cannot read config.json (a Hugging Face model folder needs one)",
-                input.display()
-            )
-        })?;
+        let text = crate::config::read_config_text(input)?;
         let config: Json = serde_json::from_str(&text)
             .with_context(|| format!("{}: invalid JSON", cpath.display()))?;
         if QuantConfig::from_dir(input)?.quantizes() {
@@ -82,7 +77,7 @@ impl Source {
             Self::Hf { ckpt, .. } => {
                 let t = ckpt.get(name)?;
                 Ok(OwnedTensor {
-                    dtype: st_dtype(t.dtype)?,
+                    dtype: st_dtype(t.dtype).with_context(|| format!("tensor `{name}`"))?,
                     shape: t.shape.clone(),
                     data: t.data.to_vec(),
                 })

