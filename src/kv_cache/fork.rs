@@ -19,11 +19,13 @@ impl Lengths {
         })
     }
 
-    /// Sets sequence `dst`'s length to sequence `src`'s.
+    /// Sets sequence `dst`'s length to sequence `src`'s (a fresh device tensor, so no
+    /// other cache's lengths can change with it).
     fn copy_len(&mut self, src: usize, dst: usize) -> Result<()> {
-        let mut lens = self.host.clone();
-        lens[dst] = lens[src];
-        self.set(lens)
+        self.host[dst] = self.host[src];
+        let v: Vec<u32> = self.host.iter().map(|&n| n as u32).collect();
+        self.dev = Tensor::from_vec(v, self.host.len(), self.dev.device())?;
+        Ok(())
     }
 }
 
