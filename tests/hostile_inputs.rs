@@ -449,6 +449,30 @@ fn quantizer_sizes_are_checked() {
         let e = quantize_nvfp4_slice(&w, n, k, g).unwrap_err();
         assert!(find::<QuantizeError>(&e).is_some(), "{e}");
     }
+    // Scale swizzling and row dequantization with sizes whose products wrap.
+    use candle_fp4::nvfp4::{
+        dequantize_rows_cpu, swizzle_blockscale_bytes, unswizzle_blockscale_bytes,
+    };
+    for (n, s) in [(1usize << 62, 4usize), (usize::MAX, 1), (4, usize::MAX)] {
+        assert!(
+            guarded(move || swizzle_blockscale_bytes(&[], n, s)).is_err(),
+            "{n} {s}"
+        );
+        assert!(
+            guarded(move || unswizzle_blockscale_bytes(&[], n, s)).is_err(),
+            "{n} {s}"
+        );
+    }
+    for (n, k) in [
+        (1usize << 62, 64usize),
+        (usize::MAX, 16),
+        (2, usize::MAX - 15),
+    ] {
+        assert!(
+            guarded(move || dequantize_rows_cpu(&[], &[], n, k)).is_err(),
+            "{n} {k}"
+        );
+    }
     // A hand-made NVFP4 weight with a NaN or negative scale is refused by QuantLinear too.
     let mut q = quantize_nvfp4_slice(&[1.0; 64], 4, 16, None).unwrap();
     q.weight_scale[3] = 0x7F;
