@@ -72,7 +72,7 @@ fn dump_cases(dir: &Path) {
             };
             for (b, n) in [37usize, 80].into_iter().enumerate() {
                 let k = gaussian_bf16(&mut rng, n * kh * d, 2.0);
-                let v = gaussian_bf16(&mut rng, n * kh * d, 1.0);
+                let v = with_non_finite(gaussian_bf16(&mut rng, n * kh * d, 1.0), b, kh * d);
                 record(&uq, &k, &v, b, 1, n);
                 let t = |x: &[bf16]| Tensor::from_slice(x, (n, kh, d), &cpu).unwrap();
                 uq.append_seq(b, &t(&k), &t(&v)).unwrap();
@@ -106,6 +106,16 @@ fn dump_cases(dir: &Path) {
         }
     }
     std::fs::write(dir.join("cases.txt"), index).unwrap();
+}
+
+/// Sequence 0's prompt V with a NaN (token 5) and a +∞ (token 9, last head): the store
+/// must give both groups the NaN scale byte, bit for bit as the CPU encoder does.
+fn with_non_finite(mut v: Vec<bf16>, seq: usize, row: usize) -> Vec<bf16> {
+    if seq == 0 {
+        v[5 * row + 3] = bf16::NAN;
+        v[10 * row - 7] = bf16::INFINITY;
+    }
+    v
 }
 
 /// The kernel sources as one translation unit (kv_common.cuh, ultraquant.cu,

@@ -1,10 +1,11 @@
-//! GGUF bytes → `GgufModel::from_bytes` → the Hugging Face config, tensor names, small
-//! tensors dequantized, and the tokenizer files: never panics, never allocates beyond
-//! what the file holds.
+//! GGUF bytes → `GgufModel::from_bytes` → the Hugging Face config (parsed back as a
+//! `LlamaConfig`), tensor names, small tensors dequantized, and the tokenizer files
+//! generated from the metadata: never panics, never allocates beyond what the file holds.
+//! (Building a tokenizer from the generated `tokenizer.json` is the `tokenizer` target's
+//! job, whose seeds include one; here it would cost most of each run.)
 #![no_main]
 
 use candle_fp4_models::gguf::GgufModel;
-use candle_fp4_models::tokenizer::TextTokenizer;
 use candle_fp4_models::LlamaConfig;
 use libfuzzer_sys::fuzz_target;
 
@@ -27,13 +28,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = g.eog_ids();
     let _ = g.tokenizer_config_json();
     let _ = g.generation_config_json();
-    let Ok(cfg) = g.config_json() else { return };
-    let Ok(cfg) = LlamaConfig::from_json_str(&cfg.to_string(), "fuzz.gguf: config") else {
-        return;
-    };
-    if let Ok(tj) = g.tokenizer_json() {
-        if let Ok(t) = TextTokenizer::from_parts(&tj.to_string(), None, None, None, &cfg, "fuzz") {
-            let _ = t.encode("ab a<|im_end|>", true);
-        }
+    let _ = g.tokenizer_json();
+    if let Ok(cfg) = g.config_json() {
+        let _ = LlamaConfig::from_json_str(&cfg.to_string(), "fuzz.gguf: config");
     }
 });

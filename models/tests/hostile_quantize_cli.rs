@@ -246,6 +246,13 @@ fn cli_flags_beyond_the_model_are_errors() {
     );
     fails_with(&o, "--max-tokens");
     assert!(o.stdout.is_empty());
+    for n in ["0", "1000000000"] {
+        let o = run(
+            "decode",
+            &["--model", m, "--raw", "--prompt", "abc", "--threads", n],
+        );
+        fails_with(&o, "--threads");
+    }
     // Beyond max_position_embeddings (128): refused unless asked for; 1e12 aborted in
     // Rope::new and 2^59 wrapped to 0.
     for n in [

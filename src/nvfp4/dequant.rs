@@ -26,7 +26,7 @@ pub fn dequantize_nvfp4(
             weight.dtype()
         );
     }
-    let k = 2 * k2;
+    let k = k2.saturating_mul(2); // k2 is a tensor dimension: far below the saturation
     if k % BLOCK_SIZE != 0 {
         bail!("dequantize_nvfp4: K = {k} is not a multiple of {BLOCK_SIZE}");
     }
@@ -56,8 +56,9 @@ pub fn dequantize_nvfp4(
 /// scales (`Np·Sp` bytes). The global scale is not applied.
 pub fn dequantize_rows_cpu(codes: &[u8], swizzled: &[u8], n: usize, k: usize) -> Result<Vec<bf16>> {
     let s = k / BLOCK_SIZE;
-    let (np, sp) = swizzled_shape(n, s);
-    if !k.is_multiple_of(BLOCK_SIZE) || codes.len() != n * k / 2 || swizzled.len() != np * sp {
+    let (np, sp, scale_len) = super::swizzle::swizzled_len("dequantize_rows", n, s)?;
+    let elems = crate::error::checked_product("dequantize_rows: n·k", &[n, k])?;
+    if !k.is_multiple_of(BLOCK_SIZE) || codes.len() != elems / 2 || swizzled.len() != scale_len {
         bail!(
             "dequantize_rows: {} code bytes and {} scale bytes do not fit [{n}, {k}] (K multiple of 16, scales {np}x{sp})",
             codes.len(),
@@ -131,7 +132,7 @@ pub fn dequantize_rows(weight: &Tensor, weight_scale: &Tensor) -> Result<Tensor>
             weight_scale.dtype()
         );
     }
-    let k = 2 * k2;
+    let k = k2.saturating_mul(2); // k2 is a tensor dimension: far below the saturation
     if k % BLOCK_SIZE != 0 {
         bail!("dequantize_rows: K = {k} is not a multiple of {BLOCK_SIZE}");
     }

@@ -7,9 +7,27 @@
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-/// `(Np, Sp)`: `n` rounded up to 128 and `s` rounded up to 4.
+/// `(Np, Sp)`: `n` rounded up to 128 and `s` rounded up to 4 (saturating at `usize::MAX`
+/// for sizes no buffer can have; [`swizzled_len`] checks).
 pub fn swizzled_shape(n: usize, s: usize) -> (usize, usize) {
-    (n.div_ceil(128) * 128, s.div_ceil(4) * 4)
+    (
+        n.div_ceil(128).saturating_mul(128),
+        s.div_ceil(4).saturating_mul(4),
+    )
+}
+
+/// `(Np, Sp, Np·Sp)` for `[n, s]` scales, or an overflow error.
+pub(crate) fn swizzled_len(what: &str, n: usize, s: usize) -> Result<(usize, usize, usize)> {
+    let np = n.div_ceil(128).checked_mul(128);
+    let sp = s.div_ceil(4).checked_mul(4);
+    match (np, sp) {
+        (Some(np), Some(sp)) => Ok((np, sp, crate::error::checked_product(what, &[np, sp])?)),
+        _ => Err(crate::error::SizeError::Overflow {
+            what: what.to_string(),
+            expr: format!("[{n}, {s}] padded to 128 × 4"),
+        }
+        .into()),
+    }
 }
 
 /// Byte offset of scale `(m, s)` in the swizzled buffer whose padded column count is `sp`:
@@ -21,14 +39,14 @@ pub fn swizzled_offset(m: usize, s: usize, sp: usize) -> usize {
 
 /// Swizzles row-major scales `[n, s]` into the padded 128×4 layout (`Np·Sp` bytes).
 pub fn swizzle_blockscale_bytes(scales: &[u8], n: usize, s: usize) -> Result<Vec<u8>> {
-    if scales.len() != n * s {
+    if Some(scales.len()) != n.checked_mul(s) {
         bail!(
             "swizzle_blockscale: got {} bytes for [{n}, {s}] scales",
             scales.len()
         );
     }
-    let (np, sp) = swizzled_shape(n, s);
-    let mut out = vec![0u8; np * sp];
+    let (_, sp, len) = swizzled_len("swizzle_blockscale", n, s)?;
+    let mut out = vec![0u8; len];
     for m in 0..n {
         for c in 0..s {
             out[swizzled_offset(m, c, sp)] = scales[m * s + c];
@@ -39,14 +57,14 @@ pub fn swizzle_blockscale_bytes(scales: &[u8], n: usize, s: usize) -> Result<Vec
 
 /// Inverse of [`swizzle_blockscale_bytes`]: recovers row-major `[n, s]` scales.
 pub fn unswizzle_blockscale_bytes(swizzled: &[u8], n: usize, s: usize) -> Result<Vec<u8>> {
-    let (np, sp) = swizzled_shape(n, s);
-    if swizzled.len() != np * sp {
+    let (np, sp, len) = swizzled_len("unswizzle_blockscale", n, s)?;
+    if swizzled.len() != len {
         bail!(
-            "unswizzle_blockscale: got {} bytes, [{n}, {s}] scales swizzle to {np}x{sp} = {}",
+            "unswizzle_blockscale: got {} bytes, [{n}, {s}] scales swizzle to {np}x{sp} = {len}",
             swizzled.len(),
-            np * sp
         );
     }
+    // n·s ≤ np·sp, which fits.
     let mut out = vec![0u8; n * s];
     for m in 0..n {
         for c in 0..s {

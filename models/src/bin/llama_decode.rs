@@ -86,8 +86,21 @@ struct Args {
     threads: Option<usize>,
 }
 
+/// Most CPU threads `--threads` accepts.
+const MAX_THREADS: usize = 4096;
+
 fn run(args: Args) -> Result<()> {
     if let Some(t) = args.threads {
+        // Each thread is a real OS thread: a huge count would spawn until the system
+        // refuses (slowly), not fail fast.
+        if !(1..=MAX_THREADS).contains(&t) {
+            return Err(ConfigError::BadOption {
+                option: "--threads".into(),
+                value: t.to_string(),
+                expected: format!("between 1 and {MAX_THREADS}"),
+            }
+            .into());
+        }
         // Read by candle's CPU matmul; rayon (the GEMV) gets its own pool below.
         std::env::set_var("RAYON_NUM_THREADS", t.to_string());
         rayon::ThreadPoolBuilder::new()
