@@ -1,5 +1,5 @@
-// ultraquant.cu: UltraQuant FP4 KV cache: store, read-back and the lengths update (decode
-// attention over the slots: kv_attention.cu).
+// ultraquant.cu: UltraQuant FP4 KV cache: store, read-back, the lengths update and the BF16
+// decode append at the device lengths (decode attention over the slots: kv_attention.cu).
 //
 // Format (vLLM PR #57057 "UltraQuant"; src/ultraquant/ is the CPU reference):
 //   cache bytes [batch][capacity][kv_heads][slot], one slot per (token, head):
@@ -231,3 +231,23 @@ extern "C" __global__ void __launch_bounds__(32) cfp4_kv_lens_update(const __gri
     *l = (p.add ? *l : 0u) + uint32_t(p.value);
 }
 
+
+// Decode append (KvAppendParams, layout in ultraquant.cuh): grid (chunks, batch, 2), z = 0
+// K and z = 1 V, one 16-byte chunk per thread. Reads its row from the device lengths, so a
+// captured CUDA graph appends at the right row at every replay. Before the lengths update.
+extern "C" __global__ void __launch_bounds__(256) cfp4_kv_append(const __grid_constant__ KvAppendParams p) {
+    griddep_wait();
+    griddep_launch_dependents();
+    const int c = int(blockIdx.x) * blockDim.x + threadIdx.x;  // chunk of 8 values
+    const int b = int(blockIdx.y);
+    if (c * 8 >= p.row_elems || b >= p.batch) return;
+    const uint32_t len = p.lens[b];
+    if (len >= uint32_t(p.limit)) return;
+    const size_t row = size_t(len % uint32_t(p.rows));
+    const __nv_bfloat16* src =
+        static_cast<const __nv_bfloat16*>(blockIdx.z == 0 ? p.k : p.v) + size_t(b) * p.row_elems;
+    const size_t half = size_t(p.batch) * p.rows * p.row_elems;
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.dst) + blockIdx.z * half +
+                         (size_t(b) * p.rows + row) * p.row_elems;
+    reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
+}

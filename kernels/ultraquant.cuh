@@ -92,3 +92,19 @@ struct KvLensParams {
     int value;               // offset 16
     int add;                 // offset 20
 };                           // size 24
+
+// Decode append at the device lengths: one token per sequence, BF16 K and V
+// [batch][row_elems] (row_elems = kv_heads * D) written to row lens[b] % rows of
+// dst [2][batch][rows][row_elems] (K half, then V half). The BF16 cache: rows = capacity;
+// the UltraQuant exact window's ring: rows = window. A sequence with lens[b] >= limit is not
+// written (the host checks room first; the kernel never writes out of bounds).
+struct KvAppendParams {
+    const void* k;           // offset  0: bf16 [batch][row_elems], 16-byte aligned
+    const void* v;           // offset  8: bf16, same shape
+    void* dst;               // offset 16: bf16 [2][batch][rows][row_elems], 16-byte aligned
+    const uint32_t* lens;    // offset 24: [batch]
+    int batch;               // offset 32
+    int rows;                // offset 36
+    int row_elems;           // offset 40: a multiple of 8 (16-byte chunks)
+    int limit;               // offset 44
+};                           // size 48

@@ -115,6 +115,20 @@ pub(crate) struct KvLensParams {
     pub add: i32,
 }
 
+/// `KvAppendParams` of `kernels/ultraquant.cuh` (decode append at the device lengths).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvAppendParams {
+    pub k: u64,
+    pub v: u64,
+    pub dst: u64,
+    pub lens: u64,
+    pub batch: i32,
+    pub rows: i32,
+    pub row_elems: i32,
+    pub limit: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +270,18 @@ mod tests {
         assert_eq!(offset_of!(KvLensParams, value), 16);
         assert_eq!(offset_of!(KvLensParams, add), 20);
         assert_eq!(size_of::<KvLensParams>(), 24);
+    }
+
+    #[test]
+    fn kv_append_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(KvAppendParams, k), 0);
+        assert_eq!(offset_of!(KvAppendParams, v), 8);
+        assert_eq!(offset_of!(KvAppendParams, dst), 16);
+        assert_eq!(offset_of!(KvAppendParams, lens), 24);
+        assert_eq!(offset_of!(KvAppendParams, batch), 32);
+        assert_eq!(offset_of!(KvAppendParams, rows), 36);
+        assert_eq!(offset_of!(KvAppendParams, row_elems), 40);
+        assert_eq!(offset_of!(KvAppendParams, limit), 44);
+        assert_eq!(size_of::<KvAppendParams>(), 48);
     }
 }

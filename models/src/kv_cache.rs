@@ -1,5 +1,5 @@
 //! The model's per-layer KV cache: [`candle_fp4::kv_cache::KvCache`] (preallocated, BF16
-//! or UltraQuant FP4, one sequence), behind the two calls attention needs:
+//! or UltraQuant FP4, `batch` sequences), behind the calls attention needs:
 //!
 //! * [`LayerCache::prefill`]: a chunk of `t > 1` tokens attends over the cached prefix
 //!   read back (`read_bf16`: dequantized, K un-rotated) followed by its own **exact** K/V;
@@ -7,18 +7,25 @@
 //!   specifies: the quantization error enters at decode);
 //! * [`LayerCache::decode`]: one token is stored first, then its query attends over
 //!   everything cached, itself included (`decode_attention`: the CPU reference or the
-//!   CUDA split-KV kernel).
+//!   CUDA split-KV kernel);
+//! * [`LayerCache::decode_batch`]: one token of every sequence at once, stored at the
+//!   lengths held on the device (`append_decode`), so the step can be captured in a CUDA
+//!   graph and replayed at every position.
+//!
+//! `prefill` and `decode` work on one sequence, [`LayerCache::sequence`] (0 by default).
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 use candle_fp4::kv_cache::{CacheShape, KvCache, KvCacheKind};
 
-/// One layer's cache (one sequence).
+/// One layer's cache.
 #[derive(Debug)]
 pub struct LayerCache {
     kind: KvCacheKind,
     inner: KvCache,
     n_kv: usize,
     head_dim: usize,
+    /// The sequence `prefill` and `decode` work on.
+    seq: usize,
 }
 
 /// `[n_kv, t, d]` (any float dtype) → BF16 `[t, n_kv, d]`, the cache's layout.
@@ -27,18 +34,18 @@ fn token_major(x: &Tensor) -> Result<Tensor> {
 }
 
 impl LayerCache {
-    /// A cache for `capacity` tokens of `n_kv` heads of `head_dim`, on `device`; UltraQuant
-    /// keeps the last `window` tokens (at most `capacity`) exact as well.
+    /// A cache for `batch` sequences of `capacity` tokens of `n_kv` heads of `head_dim`, on
+    /// `device`; UltraQuant keeps the last `window` tokens (at most `capacity`) exact as well.
     pub fn new(
         kind: KvCacheKind,
-        n_kv: usize,
-        head_dim: usize,
+        shape: (usize, usize, usize),
         capacity: usize,
         window: usize,
         device: &Device,
     ) -> Result<Self> {
+        let (batch, n_kv, head_dim) = shape;
         let shape = CacheShape {
-            batch: 1,
+            batch,
             capacity,
             kv_heads: n_kv,
             head_dim,
@@ -48,7 +55,67 @@ impl LayerCache {
             inner: KvCache::with_window(kind, shape, window.min(capacity), device)?,
             n_kv,
             head_dim,
+            seq: 0,
         })
+    }
+
+    /// Selects the sequence later `prefill` and `decode` calls work on.
+    pub fn set_sequence(&mut self, seq: usize) -> Result<()> {
+        let b = self.inner.shape().batch;
+        if seq >= b {
+            bail!("KV cache: sequence {seq} out of range (batch {b})")
+        }
+        self.seq = seq;
+        Ok(())
+    }
+
+    /// Sequences the cache holds.
+    pub fn batch(&self) -> usize {
+        self.inner.shape().batch
+    }
+
+    /// The sequence `prefill` and `decode` work on.
+    pub fn sequence(&self) -> usize {
+        self.seq
+    }
+
+    /// Tokens stored in every sequence.
+    pub fn lens(&self) -> &[usize] {
+        self.inner.lens()
+    }
+
+    /// Benchmarks only: every sequence's length set without writing tokens
+    /// ([`KvCache::bench_set_lens`]).
+    #[doc(hidden)]
+    pub fn bench_set_lens(&mut self, lens: &[usize]) -> Result<()> {
+        self.inner.bench_set_lens(lens)
+    }
+
+    /// Sets the host copy of the lengths only ([`KvCache::set_host_lens`]).
+    pub fn set_host_lens(&mut self, lens: &[usize]) -> Result<()> {
+        self.inner.set_host_lens(lens)
+    }
+
+    /// One decode token of every sequence: stores `k`, `v` `[batch, n_kv, head_dim]` at the
+    /// lengths held on the device, then attends `q` `[batch, q_heads, head_dim]` over each
+    /// sequence; BF16 `[batch, q_heads, head_dim]`. `for_graph`: the attention's splits are
+    /// planned for the capacity (the same launches at every length, what a captured graph
+    /// replays); otherwise for the longest sequence.
+    pub fn decode_batch(
+        &mut self,
+        k: &Tensor,
+        v: &Tensor,
+        q: &Tensor,
+        for_graph: bool,
+    ) -> Result<Tensor> {
+        let bf = |t: &Tensor| t.to_dtype(DType::BF16);
+        self.inner.append_decode(&bf(k)?, &bf(v)?)?;
+        let q = bf(q)?;
+        if for_graph {
+            self.inner.decode_attention_capacity(&q)
+        } else {
+            self.inner.decode_attention(&q)
+        }
     }
 
     /// The cache's storage.
@@ -56,9 +123,9 @@ impl LayerCache {
         self.kind
     }
 
-    /// Tokens stored.
+    /// Tokens stored in the selected sequence.
     pub fn len(&self) -> usize {
-        self.inner.lens()[0]
+        self.inner.lens()[self.seq]
     }
 
     /// Whether no token is stored.
@@ -66,9 +133,14 @@ impl LayerCache {
         self.len() == 0
     }
 
-    /// Empties the cache.
+    /// Empties the cache (every sequence).
     pub fn reset(&mut self) -> Result<()> {
         self.inner.reset()
+    }
+
+    /// Empties the selected sequence.
+    pub fn reset_sequence(&mut self) -> Result<()> {
+        self.inner.reset_seq(self.seq)
     }
 
     /// Bytes per token of the stored format (all heads, K and V).
@@ -104,13 +176,14 @@ impl LayerCache {
         let out = if self.is_empty() {
             (kn.clone(), vn.clone())
         } else {
-            let (kp, vp) = self.inner.read_bf16(0)?; // [len, n_kv, d]
+            let (kp, vp) = self.inner.read_bf16(self.seq)?; // [len, n_kv, d]
             (
                 Tensor::cat(&[&kp.transpose(0, 1)?, &kn], 1)?,
                 Tensor::cat(&[&vp.transpose(0, 1)?, &vn], 1)?,
             )
         };
-        self.inner.append(&token_major(&kn)?, &token_major(&vn)?)?;
+        self.inner
+            .append_seq(self.seq, &token_major(&kn)?, &token_major(&vn)?)?;
         Ok(out)
     }
 
@@ -119,6 +192,9 @@ impl LayerCache {
     pub fn decode(&mut self, k: &Tensor, v: &Tensor, q: &Tensor) -> Result<Tensor> {
         if self.check(k, v)? != 1 {
             bail!("KV cache: decode takes one token, got {}", k.dim(1)?);
+        }
+        if self.inner.shape().batch != 1 {
+            bail!("KV cache: a single-sequence decode needs batch 1 (use decode_batch)")
         }
         self.inner.append(&token_major(k)?, &token_major(v)?)?;
         let q = q.to_dtype(DType::BF16)?.transpose(0, 1)?.contiguous()?; // [1, q_heads, d]
@@ -149,7 +225,7 @@ mod tests {
         let k = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
         let v = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
         for kind in [KvCacheKind::Bf16, KvCacheKind::UltraQuant] {
-            let mut c = LayerCache::new(kind, 1, 64, 8, 0, &dev).unwrap();
+            let mut c = LayerCache::new(kind, (1, 1, 64), 8, 0, &dev).unwrap();
             c.prefill(&k.narrow(1, 0, 2).unwrap(), &v.narrow(1, 0, 2).unwrap())
                 .unwrap();
             let (ka, va) = c
@@ -188,7 +264,7 @@ mod tests {
         let dev = Device::Cpu;
         let k = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
         let v = Tensor::randn(0f32, 1.0, (1, 4, 64), &dev).unwrap();
-        let mut c = LayerCache::new(KvCacheKind::UltraQuant, 1, 64, 8, 1, &dev).unwrap();
+        let mut c = LayerCache::new(KvCacheKind::UltraQuant, (1, 1, 64), 8, 1, &dev).unwrap();
         c.prefill(&k.narrow(1, 0, 2).unwrap(), &v.narrow(1, 0, 2).unwrap())
             .unwrap();
         let (_, va) = c

@@ -90,4 +90,31 @@ impl Rope {
         let sin = self.sin.narrow(0, pos, t)?;
         candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
     }
+
+    /// Rotates `x` `[batch, heads, 1, head_dim]` (one token per sequence), sequence `b` at
+    /// position `positions[b]` (U32 `[batch]` on the tables' device): the table rows are
+    /// gathered on the device, so a captured CUDA graph rotates for the positions written
+    /// before each replay. Same kernel and values as [`apply`](Self::apply) at batch 1.
+    /// A position past the tables is the caller's to prevent (the decode driver checks it
+    /// against the KV cache's capacity, which the tables cover).
+    pub fn apply_at(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        let (b, _, t, d) = x.dims4()?;
+        if t != 1 || positions.dims() != [b] || positions.dtype() != DType::U32 {
+            candle_core::bail!(
+                "Rope::apply_at: x {:?} must be [batch, heads, 1, head_dim] and positions U32 [batch], got {:?} {:?}",
+                x.dims(),
+                positions.dtype(),
+                positions.dims()
+            )
+        }
+        let cos = self
+            .cos
+            .index_select(positions, 0)?
+            .reshape((b, 1, d / 2))?;
+        let sin = self
+            .sin
+            .index_select(positions, 0)?
+            .reshape((b, 1, d / 2))?;
+        candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
+    }
 }

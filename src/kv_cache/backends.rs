@@ -2,7 +2,7 @@
 //! CPU reference (`cpu.rs`) or the CUDA kernels (`cuda.rs`) with the cache's plan.
 
 use super::cpu::{self, KvSource};
-use super::ops::{range, KvAttention, LensUpdate, UqRead, UqStore};
+use super::ops::{range, KvAppend, KvAttention, LensUpdate, UqRead, UqStore};
 use super::shape::KvCacheKind;
 use candle_core::backend::BackendStorage;
 use candle_core::{
@@ -78,6 +78,51 @@ impl InplaceOp1 for LensUpdate {
     fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> Result<()> {
         let plan = plan_of("KV cache lengths (cuda)", &self.plan)?;
         super::cuda::lens_update_cuda(plan, s, l, self.seq_base, self.n_seq, self.value, self.add)
+    }
+}
+
+impl InplaceOp3 for KvAppend {
+    fn name(&self) -> &'static str {
+        "kv-decode-append"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        const OP: &str = "KV decode append";
+        let k = cpu_bf16(OP, "k", s2, l2)?;
+        let v = cpu_bf16(OP, "v", s3, l3)?;
+        let (st, ll) = self.lens_dev.storage_and_layout();
+        let lens = match &*st {
+            Storage::Cpu(c) => cpu_lens(OP, c, ll)?,
+            _ => bail!("{OP}: the lengths are not on the CPU"),
+        };
+        let (a, b) = range(OP, "destination", l1)?;
+        let dst = match s1 {
+            CpuStorage::BF16(d) => &mut d[a..b],
+            s => bail!("{OP}: the destination must be BF16, got {:?}", s.dtype()),
+        };
+        cpu::append_rows(dst, k, v, &lens, self)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let plan = plan_of("KV decode append (cuda)", &self.plan)?;
+        super::cuda::kv_append_cuda(plan, self, s1, l1, s2, l2, s3, l3)
     }
 }
 

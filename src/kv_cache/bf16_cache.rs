@@ -2,9 +2,10 @@
 //! [`UltraQuantCache`](super::UltraQuantCache).
 
 use super::lengths::Lengths;
-use super::ops::KvAttention;
-use super::ops::{make_plan, PlanRef};
-use super::shape::{check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind};
+use super::ops::{make_plan, KvAppend, KvAttention, PlanRef};
+use super::shape::{
+    check_decode_kv, check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind,
+};
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// BF16 KV cache of one layer: K and V in one preallocated BF16 tensor
@@ -126,6 +127,37 @@ impl Bf16Cache {
         self.lens.advance(&self.plan, seq, 1, tokens)
     }
 
+    /// Appends one token per sequence, BF16 `k`, `v` `[batch, kv_heads, head_dim]`, at the
+    /// lengths **on the device** (one kernel, then the lengths' in-place update): what a
+    /// captured CUDA graph replays at every step. Errors, writing nothing, when a sequence is
+    /// full (by the host lengths; see [`set_host_lens`](Self::set_host_lens)).
+    pub fn append_decode(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        const WHAT: &str = "Bf16Cache::append_decode";
+        let sh = self.shape;
+        check_decode_kv(WHAT, k, v, &sh, self.device())?;
+        check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
+        let op = KvAppend {
+            batch: sh.batch,
+            rows: sh.capacity,
+            row_elems: sh.kv_heads * sh.head_dim,
+            limit: sh.capacity,
+            lens_dev: self.lens.dev.clone(),
+            plan: self.plan.clone(),
+        };
+        self.kv
+            .inplace_op3(&k.contiguous()?, &v.contiguous()?, &op)?;
+        self.lens.advance(&self.plan, 0, sh.batch, 1)
+    }
+
+    /// Sets the host copy of the lengths, leaving the device's as they are: after recording a
+    /// CUDA graph that appends (recording runs no kernel, but the host copy advanced) and
+    /// after each replay (a replay runs no host code, but the device lengths advanced).
+    /// Errors on a wrong count or a length beyond the capacity.
+    pub fn set_host_lens(&mut self, lens: &[usize]) -> Result<()> {
+        self.lens
+            .set_host("Bf16Cache::set_host_lens", lens, self.shape.capacity)
+    }
+
     /// `k`, `v` `[tokens, kv_heads, head_dim]` (contiguous) into sequence `b` at `at`.
     fn write(&self, b: usize, at: usize, k: &Tensor, v: &Tensor) -> Result<()> {
         self.kv.get(0)?.get(b)?.slice_set(k, 0, at)?;
@@ -163,6 +195,17 @@ impl Bf16Cache {
 
     /// Decode attention with launch options.
     pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+        let max_len = self.lens.host.iter().copied().max().unwrap_or(0);
+        self.attention(q, opts, max_len)
+    }
+
+    /// Decode attention whose splits are planned for the capacity (see
+    /// [`KvCache::decode_attention_capacity`](super::KvCache::decode_attention_capacity)).
+    pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
+        self.attention(q, &DecodeOptions::default(), self.shape.capacity)
+    }
+
+    fn attention(&self, q: &Tensor, opts: &DecodeOptions, max_len: usize) -> Result<Tensor> {
         let q_heads = check_query(
             "Bf16Cache::decode_attention",
             q,
@@ -174,7 +217,7 @@ impl Bf16Cache {
             kind: KvCacheKind::Bf16,
             shape: self.shape,
             q_heads,
-            max_len: self.lens.host.iter().copied().max().unwrap_or(0),
+            max_len,
             opts: *opts,
             window: None,
             plan: self.plan.clone(),

@@ -100,6 +100,47 @@ pub(crate) fn store(
     Ok(())
 }
 
+/// The CPU forward of [`KvAppend`](super::ops::KvAppend): sequence `b`'s row of `k`, `v`
+/// (`[batch, row_elems]`) into row `lens[b] % rows` of `dst` (`[2, batch, rows, row_elems]`),
+/// skipping sequences at `limit` or beyond (as the CUDA kernel).
+pub(crate) fn append_rows(
+    dst: &mut [bf16],
+    k: &[bf16],
+    v: &[bf16],
+    lens: &[usize],
+    op: &super::ops::KvAppend,
+) -> Result<()> {
+    const OP: &str = "KV decode append";
+    let (batch, rows, re) = (op.batch, op.rows, op.row_elems);
+    let half = batch * rows * re;
+    if k.len() != batch * re || v.len() != batch * re || dst.len() != 2 * half {
+        bail!(
+            "{OP}: k {} / v {} / destination {} values, expected {} / {} / {}",
+            k.len(),
+            v.len(),
+            dst.len(),
+            batch * re,
+            batch * re,
+            2 * half
+        )
+    }
+    if lens.len() != batch || rows == 0 {
+        bail!(
+            "{OP}: {} lengths for batch {batch}, {rows} rows",
+            lens.len()
+        )
+    }
+    for (b, &len) in lens.iter().enumerate() {
+        if len >= op.limit {
+            continue;
+        }
+        let at = (b * rows + len % rows) * re;
+        dst[at..at + re].copy_from_slice(&k[b * re..(b + 1) * re]);
+        dst[half + at..half + at + re].copy_from_slice(&v[b * re..(b + 1) * re]);
+    }
+    Ok(())
+}
+
 /// Decodes tokens `start..start + count` of sequence `seq` to BF16 `[2][count][kv_heads]
 /// [head_dim]` (K un-rotated, then V).
 pub(crate) fn read(

@@ -3,12 +3,12 @@
 //! the combine of its splits. Every kernel comes from the cache's [`AttnPlan`] (made once);
 //! a call does arithmetic, checks its storages and launches.
 
-use super::ops::{range, ExactWindow, KvAttention, UqRead, UqStore};
+use super::ops::{range, ExactWindow, KvAppend, KvAttention, UqRead, UqStore};
 use super::plan::{launch_grid, AttnKernel, AttnPlan};
 use super::shape::{ring_first_default, CacheShape, KvCacheKind, SLOT_PADDING};
 use crate::cuda::{launch, Launch};
 use crate::kernel_params::{
-    KvAttnParams, KvCombineParams, KvLensParams, UqReadParams, UqStoreParams,
+    KvAppendParams, KvAttnParams, KvCombineParams, KvLensParams, UqReadParams, UqStoreParams,
 };
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
@@ -24,6 +24,7 @@ unsafe impl DeviceRepr for UqReadParams {}
 unsafe impl DeviceRepr for KvAttnParams {}
 unsafe impl DeviceRepr for KvCombineParams {}
 unsafe impl DeviceRepr for KvLensParams {}
+unsafe impl DeviceRepr for KvAppendParams {}
 
 /// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
 const MAX_SPLITS: usize = 1024;
@@ -98,6 +99,82 @@ pub(crate) fn lens_update_cuda(
     unsafe { launch(&stream, &plan.lens_update, l, &p) }
 }
 
+/// The decode append ([`KvAppend`]): one launch, rows from the device lengths.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kv_append_cuda(
+    plan: &AttnPlan,
+    op: &KvAppend,
+    dst: &mut CudaStorage,
+    ld: &Layout,
+    k: &CudaStorage,
+    lk: &Layout,
+    v: &CudaStorage,
+    lv: &Layout,
+) -> Result<()> {
+    const OP: &str = "KV decode append (cuda)";
+    let (batch, rows, re) = (op.batch, op.rows, op.row_elems);
+    let (da, db) = range(OP, "destination", ld)?;
+    let (ka, kb) = range(OP, "k", lk)?;
+    let (va, vb) = range(OP, "v", lv)?;
+    let half = batch * rows * re;
+    if db - da != 2 * half || kb - ka != batch * re || vb - va != batch * re {
+        bail!(
+            "{OP}: destination {} / k {} / v {} values, expected {} / {} / {}",
+            db - da,
+            kb - ka,
+            vb - va,
+            2 * half,
+            batch * re,
+            batch * re
+        )
+    }
+    if !re.is_multiple_of(8) || rows == 0 || batch > 65535 || op.limit > i32::MAX as usize {
+        bail!(
+            "{OP}: row of {re} values (a multiple of 8), {rows} rows, batch {batch}, limit {}",
+            op.limit
+        )
+    }
+    let (st, ll) = op.lens_dev.storage_and_layout();
+    let Storage::Cuda(lens) = &*st else {
+        bail!("{OP}: the lengths are not on the GPU")
+    };
+    let (la, lb) = range(OP, "lens", ll)?;
+    if lb - la != batch {
+        bail!("{OP}: {} lengths for batch {batch}", lb - la)
+    }
+    let stream = dst.device().cuda_stream();
+    let lsl = lens.as_cuda_slice::<u32>()?.slice(la..lb);
+    let ks = k.as_cuda_slice::<bf16>()?.slice(ka..kb);
+    let vs = v.as_cuda_slice::<bf16>()?.slice(va..vb);
+    let mut ds = dst.as_cuda_slice_mut::<bf16>()?.slice_mut(da..db);
+    let (lp, _g0) = lsl.device_ptr(&stream);
+    let (kp, _g1) = ks.device_ptr(&stream);
+    let (vp, _g2) = vs.device_ptr(&stream);
+    let (dp, _g3) = ds.device_ptr_mut(&stream);
+    if !(kp | vp | dp).is_multiple_of(16) {
+        bail!("{OP}: k, v and the destination must be 16-byte aligned in device memory")
+    }
+    let p = KvAppendParams {
+        k: kp,
+        v: vp,
+        dst: dp,
+        lens: lp,
+        batch: batch as i32,
+        rows: rows as i32,
+        row_elems: re as i32,
+        limit: op.limit as i32,
+    };
+    let l = Launch {
+        grid: ((re / 8).div_ceil(256) as u32, batch as u32, 2),
+        block: 256,
+        cluster: 1,
+        pdl: plan.sm90,
+        smem: 0,
+    };
+    unsafe { launch(&stream, &plan.append, l, &p) }
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn uq_store_cuda(
     plan: &AttnPlan,
     op: &UqStore,
@@ -244,6 +321,7 @@ unsafe fn launch_bf16_kv(
     launch(stream, f, l, &p)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn kv_attention_cuda(
     plan: &AttnPlan,
     op: &KvAttention,
@@ -362,7 +440,7 @@ pub(crate) fn kv_attention_cuda(
     let fused = total > 1
         && op.opts.fused_merge.unwrap_or(fused_merge_default(fp4))
         && fits(main)
-        && ring_kernel.is_none_or(|k| fits(k));
+        && ring_kernel.is_none_or(fits);
     let pdl = op.opts.pdl.unwrap_or(true) && plan.sm90;
     let scratch = if total > 1 {
         Some(plan.scratch(

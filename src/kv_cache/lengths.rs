@@ -95,4 +95,25 @@ impl Lengths {
         let n = self.host[src];
         self.update(plan, dst, 1, n, false)
     }
+
+    /// Sets the host copy only (see `KvCache::set_host_lens`); `what` names the caller.
+    pub(crate) fn set_host(&mut self, what: &str, lens: &[usize], capacity: usize) -> Result<()> {
+        if lens.len() != self.host.len() {
+            bail!(
+                "{what}: {} lengths for batch {}",
+                lens.len(),
+                self.host.len()
+            )
+        }
+        if let Some((i, &n)) = lens.iter().enumerate().find(|(_, &n)| n > capacity) {
+            bail!("{what}: sequence {i} length {n} exceeds the capacity {capacity}")
+        }
+        self.host.copy_from_slice(lens);
+        Ok(())
+    }
+
+    /// Sets sequence `seq`'s device length to `n`, and its host length with it.
+    pub(crate) fn set_dev(&mut self, plan: &PlanRef, seq: usize, n: usize) -> Result<()> {
+        self.update(plan, seq, 1, n, false)
+    }
 }

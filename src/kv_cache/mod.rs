@@ -205,6 +205,62 @@ impl KvCache {
         }
     }
 
+    /// Appends one token per sequence, BF16 `k`, `v` `[batch, kv_heads, head_dim]`, at each
+    /// sequence's length **as held on the device**: the kernels read their rows from the
+    /// device lengths and update them in place, so the same launches, captured once in a
+    /// CUDA graph, append at the right place at every replay. Same result as
+    /// [`append`](Self::append) of one token. Errors, writing nothing, when a sequence is
+    /// full by the host lengths (a graph's driver keeps those right with
+    /// [`set_host_lens`](Self::set_host_lens)).
+    pub fn append_decode(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.append_decode(k, v),
+            Self::UltraQuant(c) => c.append_decode(k, v),
+        }
+    }
+
+    /// [`decode_attention`](Self::decode_attention) with its split-KV plan made for the
+    /// cache's **capacity** rather than the longest sequence: the kernels divide each
+    /// sequence's actual length (read on the device) among the splits, so the same launches
+    /// serve every length, which is what a captured CUDA graph replays. Same result up to the
+    /// FP32 summation order of the split merge; at short lengths some splits are empty.
+    pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Bf16(c) => c.decode_attention_capacity(q),
+            Self::UltraQuant(c) => c.decode_attention_capacity(q),
+        }
+    }
+
+    /// Sets the host copy of the lengths, leaving the device's as they are: for the driver of
+    /// a captured CUDA graph (recording a step runs no kernel, though the host lengths
+    /// advanced; a replay runs no host code, though the device lengths advanced). Errors on
+    /// a wrong count or a length beyond the capacity.
+    pub fn set_host_lens(&mut self, lens: &[usize]) -> Result<()> {
+        match self {
+            Self::Bf16(c) => c.set_host_lens(lens),
+            Self::UltraQuant(c) => c.set_host_lens(lens),
+        }
+    }
+
+    /// Benchmarks only: sets every sequence's length to `lens` (device and host) without
+    /// writing any token, so a decode benchmark runs at a long context without prefilling
+    /// it; the tokens in between read as whatever the storage holds (zeros in a new cache).
+    /// Not a rewind: the exact window's ring is left as it is. Errors on a wrong count or a
+    /// length beyond the capacity.
+    #[doc(hidden)]
+    pub fn bench_set_lens(&mut self, lens: &[usize]) -> Result<()> {
+        let cap = self.shape().capacity;
+        self.set_host_lens(lens)?;
+        for (seq, &n) in lens.iter().enumerate() {
+            debug_assert!(n <= cap);
+            match self {
+                Self::Bf16(c) => c.lens.set_dev(&c.plan, seq, n)?,
+                Self::UltraQuant(c) => c.lens.set_dev(&c.plan, seq, n)?,
+            }
+        }
+        Ok(())
+    }
+
     /// A deep copy of the cache (see [`Bf16Cache::try_clone`]); the cache types implement
     /// no `Clone`, which would share the storage.
     pub fn try_clone(&self) -> Result<Self> {

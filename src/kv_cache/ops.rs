@@ -97,6 +97,24 @@ pub(crate) struct KvAttention {
     pub plan: PlanRef,
 }
 
+/// In-place decode append (`dst.inplace_op3(k, v, op)`): one token per sequence, BF16 `k`,
+/// `v` `[batch, kv_heads, head_dim]` into row `lens[b] % rows` of `dst` BF16 `[2, batch,
+/// rows, kv_heads, head_dim]` (the BF16 cache: `rows = capacity`; the exact window's ring:
+/// `rows = window`), rows read from the device lengths (`lens_dev`, before their update), so
+/// a captured CUDA graph writes the right row at every replay. A sequence holding `limit`
+/// tokens or more is not written.
+#[derive(Debug, Clone)]
+pub(crate) struct KvAppend {
+    pub batch: usize,
+    pub rows: usize,
+    /// `kv_heads · head_dim`.
+    pub row_elems: usize,
+    pub limit: usize,
+    pub lens_dev: Tensor,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub plan: PlanRef,
+}
+
 /// In-place update of the lengths tensor U32 `[batch]`: `lens[seq_base + i] = (add ? lens :
 /// 0) + value` for `i < n_seq`.
 #[derive(Debug, Clone)]

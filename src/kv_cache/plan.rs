@@ -126,7 +126,7 @@ impl AttnKernel {
 /// Every kernel one cache's ops launch on its device, resolved once (when the cache is
 /// made): the attention kernels of its head_dim for both query-head tiles (`[nt − 1]`; the
 /// group size is known only at the call), the BF16 ring kernels of the exact window, the
-/// combine, store, read-back and lengths kernels, and the device facts the split rule needs.
+/// combine, store, read-back, decode-append and lengths kernels, and the device facts the split rule needs.
 #[derive(Debug)]
 pub(crate) struct AttnPlan {
     kind: KvCacheKind,
@@ -137,6 +137,7 @@ pub(crate) struct AttnPlan {
     pub store: CudaFunction,
     pub read: CudaFunction,
     pub lens_update: CudaFunction,
+    pub append: CudaFunction,
     pub sms: usize,
     pub sm90: bool,
     /// The per-stream scratch this cache's calls used last and what it holds
@@ -195,6 +196,7 @@ impl AttnPlan {
             store,
             read,
             lens_update: format.function("cfp4_kv_lens_update")?.0,
+            append: format.function("cfp4_kv_append")?.0,
             sms: f.sms,
             sm90: loaded.image.has_sm90_features(),
             scratch: OnceLock::new(),

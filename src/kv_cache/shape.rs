@@ -179,6 +179,35 @@ pub(crate) fn check_new_kv(
 }
 
 /// Checks that `tokens` more fit after each of `lens` (capacity `cap`).
+/// Checks one decode token per sequence: BF16 `k`, `v` `[batch, kv_heads, head_dim]` on the
+/// cache's device.
+pub(crate) fn check_decode_kv(
+    what: &str,
+    k: &Tensor,
+    v: &Tensor,
+    shape: &CacheShape,
+    device: &Device,
+) -> Result<()> {
+    let want = [shape.batch, shape.kv_heads, shape.head_dim];
+    for (name, t) in [("k", k), ("v", v)] {
+        if t.dtype() != DType::BF16 || t.dims() != want {
+            bail!(
+                "{what}: {name} must be BF16 {want:?}, got {:?} {:?}",
+                t.dtype(),
+                t.dims()
+            )
+        }
+        if !t.device().same_device(device) {
+            bail!(
+                "{what}: {name} is on {:?} but the cache is on {:?}",
+                t.device().location(),
+                device.location()
+            )
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_room(
     what: &str,
     lens: &[usize],

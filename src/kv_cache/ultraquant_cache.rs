@@ -1,7 +1,7 @@
 //! [`UltraQuantCache`]: one layer's FP4 KV cache in the UltraQuant slot layout.
 
 use super::lengths::Lengths;
-use super::ops::{make_plan, ExactWindow, KvAttention, PlanRef, UqRead, UqStore};
+use super::ops::{make_plan, ExactWindow, KvAppend, KvAttention, PlanRef, UqRead, UqStore};
 use super::shape::{
     check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, SLOT_PADDING,
 };
@@ -266,6 +266,57 @@ impl UltraQuantCache {
 
     /// Decode attention with launch options.
     pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+        let max_len = self.lens.host.iter().copied().max().unwrap_or(0);
+        self.attention(q, opts, max_len)
+    }
+
+    /// Decode attention whose splits are planned for the capacity (see
+    /// [`KvCache::decode_attention_capacity`](super::KvCache::decode_attention_capacity)).
+    pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
+        self.attention(q, &DecodeOptions::default(), self.shape.capacity)
+    }
+
+    /// Appends one token per sequence, BF16 `k`, `v` `[batch, kv_heads, head_dim]`, at the
+    /// lengths **on the device**: the store kernel (which reads its rows from the device
+    /// lengths), the exact window's ring row by the decode-append kernel, then the lengths'
+    /// in-place update; what a captured CUDA graph replays at every step. Errors, writing
+    /// nothing, when a sequence is full (by the host lengths).
+    pub fn append_decode(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        const WHAT: &str = "UltraQuantCache::append_decode";
+        let sh = self.shape;
+        super::shape::check_decode_kv(WHAT, k, v, &sh, self.device())?;
+        check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
+        let (k, v) = (k.contiguous()?, v.contiguous()?);
+        let op = UqStore {
+            shape: sh,
+            seq_base: 0,
+            starts: self.lens.host.clone(),
+            tokens: 1,
+            lens_dev: self.lens.dev.clone(),
+            plan: self.plan.clone(),
+        };
+        self.data.inplace_op3(&k, &v, &op)?;
+        if let Some(w) = &self.window {
+            let op = KvAppend {
+                batch: sh.batch,
+                rows: w.size,
+                row_elems: sh.kv_heads * sh.head_dim,
+                limit: sh.capacity,
+                lens_dev: self.lens.dev.clone(),
+                plan: self.plan.clone(),
+            };
+            w.ring.inplace_op3(&k, &v, &op)?;
+        }
+        self.lens.advance(&self.plan, 0, sh.batch, 1)
+    }
+
+    /// Sets the host copy of the lengths only (see [`Bf16Cache::set_host_lens`](super::Bf16Cache::set_host_lens)).
+    pub fn set_host_lens(&mut self, lens: &[usize]) -> Result<()> {
+        self.lens
+            .set_host("UltraQuantCache::set_host_lens", lens, self.shape.capacity)
+    }
+
+    fn attention(&self, q: &Tensor, opts: &DecodeOptions, max_len: usize) -> Result<Tensor> {
         let q_heads = check_query(
             "UltraQuantCache::decode_attention",
             q,
@@ -277,7 +328,7 @@ impl UltraQuantCache {
             kind: KvCacheKind::UltraQuant,
             shape: self.shape,
             q_heads,
-            max_len: self.lens.host.iter().copied().max().unwrap_or(0),
+            max_len,
             opts: *opts,
             window: self.window.clone(),
             plan: self.plan.clone(),

@@ -93,6 +93,59 @@ impl QuantLinear {
         })
     }
 
+    /// An NVFP4 layer from parts already on their device (what a loader or a benchmark builds
+    /// on the GPU): `codes` U8 `[N, K/2]`, `scales` U8 block scales **already 128×4-swizzled**,
+    /// shape [`swizzled_shape`]`(N, K/16)`, the global scale and an optional bias `[N]`. The
+    /// scales are checked (finite, non-negative) on a host copy.
+    pub fn from_nvfp4_parts(
+        codes: Tensor,
+        scales: Tensor,
+        global_scale: f32,
+        bias: Option<Tensor>,
+    ) -> Result<Self> {
+        const WHAT: &str = "QuantLinear::from_nvfp4_parts";
+        let (n, half) = match codes.dims() {
+            [n, h] if *n > 0 && *h > 0 && (2 * h).is_multiple_of(BLOCK_SIZE) => (*n, *h),
+            d => bail!("{WHAT}: codes must be U8 [N, K/2] with K a positive multiple of {BLOCK_SIZE}, got {d:?}"),
+        };
+        let k = 2 * half;
+        let want = swizzled_shape(n, k / BLOCK_SIZE);
+        if codes.dtype() != DType::U8
+            || scales.dtype() != DType::U8
+            || scales.dims() != [want.0, want.1]
+        {
+            bail!(
+                "{WHAT}: codes {:?} {:?} and scales {:?} {:?}: both must be U8, the scales {want:?}",
+                codes.dtype(),
+                codes.dims(),
+                scales.dtype(),
+                scales.dims()
+            )
+        }
+        if !codes.device().same_device(scales.device()) {
+            bail!("{WHAT}: the codes and the scales are on different devices")
+        }
+        if !(global_scale.is_finite() && global_scale > 0.0) {
+            bail!("{WHAT}: global scale {global_scale} must be a positive finite number")
+        }
+        let host = scales.flatten_all()?.to_vec1::<u8>()?;
+        if let Some((i, b, v)) = crate::nvfp4::first_bad_block_scale(&host) {
+            bail!("{WHAT}: swizzled block scale byte {i} is {b:#04x} = {v}: E4M3 block scales must be finite and non-negative");
+        }
+        let device = codes.device().clone();
+        Ok(Self {
+            weight: Weight::Nvfp4 {
+                codes: codes.contiguous()?,
+                scales: scales.contiguous()?,
+                global_scale,
+            },
+            bias: prepare_bias(bias, n, &device)?,
+            n,
+            k,
+            plans: Plans::new(&device, n, k, true)?,
+        })
+    }
+
     /// A 16-bit layer from a float weight `[N, K]` (converted to BF16) and an optional
     /// bias `[N]`, on the weight's device.
     pub fn from_bf16(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
@@ -126,6 +179,15 @@ impl QuantLinear {
     /// Output features `N`.
     pub fn out_features(&self) -> usize {
         self.n
+    }
+
+    /// Bytes of the stored weight a forward reads: NVFP4 codes plus swizzled block scales,
+    /// or the BF16 matrix (the bias excluded).
+    pub fn weight_bytes(&self) -> usize {
+        match &self.weight {
+            Weight::Nvfp4 { codes, scales, .. } => codes.elem_count() + scales.elem_count(),
+            Weight::Bf16(w) => 2 * w.elem_count(),
+        }
     }
 
     /// Whether the weight is NVFP4.

@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4_models::errors::{check_finite_logits, ConfigError};
-use candle_fp4_models::sampling::Sampler;
+use candle_fp4_models::sampling::{Sampler, Sampling};
 use candle_fp4_models::tokenizer::TextTokenizer;
 use candle_fp4_models::{Llama, LoadOptions, DEFAULT_KV_WINDOW};
 use clap::Parser;
@@ -81,6 +81,10 @@ struct Args {
     /// for long prompts on the CPU).
     #[arg(long, default_value_t = 32)]
     prefill_chunk: usize,
+    /// On CUDA, decode token by token without the CUDA graph (by default each decode step
+    /// is recorded once as a CUDA graph and replayed).
+    #[arg(long)]
+    no_cuda_graph: bool,
     /// Threads for the CPU (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -124,14 +128,18 @@ fn run(args: Args) -> Result<()> {
         prefill_chunk: args.prefill_chunk,
         kv_window: args.kv_window,
         allow_long_context: args.allow_long_context,
+        cuda_graph: !args.no_cuda_graph,
         ..Default::default()
     };
+    // The batched step (device-side positions, a CUDA graph) on CUDA unless turned off; the
+    // token-by-token forward otherwise (and always on the CPU, where there is no graph).
+    let graph = device.is_cuda() && !args.no_cuda_graph;
     let t0 = Instant::now();
     let mut model = Llama::load(&dir, &device, &opts)?;
     let tok = TextTokenizer::from_dir(&dir, model.config())?;
     let (nq, nl) = model.nvfp4_layer_count();
     eprintln!(
-        "loaded {} in {:.2}s: {} layers, {nq}/{nl} linears NVFP4, KV cache {} ({} B/token), {:?} activations on {}",
+        "loaded {} in {:.2}s: {} layers, {nq}/{nl} linears NVFP4, KV cache {} ({} B/token), {:?} activations on {}{}",
         dir.display(),
         t0.elapsed().as_secs_f64(),
         model.config().num_hidden_layers,
@@ -139,6 +147,7 @@ fn run(args: Args) -> Result<()> {
         model.kv_bytes_per_token(),
         model.dtype(),
         args.device,
+        if graph { ", decode as a CUDA graph" } else { "" },
     );
     if !args.raw && tok.template.is_none() {
         eprintln!(
@@ -198,11 +207,26 @@ fn run(args: Args) -> Result<()> {
             stop_reason = "context full";
             break;
         }
-        let logits = model.forward(&[next], pos)?;
+        let at = || format!("generation step {} (position {pos})", decode_steps + 1);
+        next = match (graph, sampler.sampling()) {
+            // Greedy: the argmax is taken on the device and only the token comes back; the
+            // first step writes the prompt's choice, later ones continue from the device.
+            (true, Sampling::Greedy) => {
+                let feed = [next];
+                let fed = if decode_steps == 0 {
+                    Some(&feed[..])
+                } else {
+                    None
+                };
+                model.decode_greedy(fed)?[0]
+            }
+            (true, _) => {
+                let logits = model.decode_logits(&[next])?;
+                sample(&mut sampler, &logits, at)?
+            }
+            (false, _) => sample(&mut sampler, &model.forward(&[next], pos)?, at)?,
+        };
         decode_steps += 1;
-        next = sample(&mut sampler, &logits, || {
-            format!("generation step {decode_steps} (position {pos})")
-        })?;
     }
     let decode_s = t_decode.elapsed().as_secs_f64();
     writeln!(out)?;

@@ -63,6 +63,38 @@ impl Attention {
         })
     }
 
+    /// Attention from its fused `q|k|v` layer and `o`, shapes checked against `cfg`, e.g.
+    /// built in memory ([`super::random`]).
+    pub fn from_parts(
+        cfg: &LlamaConfig,
+        qkv: QuantLinear,
+        o: QuantLinear,
+        rope: &Rope,
+        dtype: DType,
+    ) -> Result<Self> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let what = "Attention::from_parts";
+        check_dims(
+            what,
+            "q|k|v",
+            qkv.out_features(),
+            qkv.in_features(),
+            (nh + 2 * nkv) * hd,
+            h,
+        )?;
+        check_dims(what, "o", o.out_features(), o.in_features(), h, nh * hd)?;
+        Ok(Self {
+            qkv: FusedLinear::One(qkv),
+            o,
+            rope: rope.clone(),
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            dtype,
+        })
+    }
+
     /// Whether q/k/v carry a bias.
     pub fn has_qkv_bias(&self) -> bool {
         self.qkv.has_bias()
@@ -103,6 +135,38 @@ impl Attention {
         self.forward_captured(x, pos, mask, cache, &mut super::capture::ignore_inputs)
     }
 
+    /// One decode token of every sequence: `x` `[batch, hidden]`, sequence `b` at position
+    /// `positions[b]` (U32 `[batch]` on the device, equal to its cached length); stores K/V
+    /// at the lengths held on the device ([`LayerCache::decode_batch`]). Nothing here reads
+    /// a host-side position, so the call can be captured in a CUDA graph.
+    pub fn forward_decode(
+        &self,
+        x: &Tensor,
+        positions: &Tensor,
+        cache: &mut LayerCache,
+        for_graph: bool,
+    ) -> candle_core::Result<Tensor> {
+        let b = x.dim(0)?;
+        let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let qkv = self.qkv.forward(x)?;
+        let heads = |start: usize, n: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(1, start * hd, n * hd)?
+                .reshape((b, n, 1, hd))?
+                .contiguous()
+        };
+        let q = self.rope.apply_at(&heads(0, nh)?, positions)?;
+        let k = self.rope.apply_at(&heads(nh, nkv)?, positions)?;
+        let v = heads(nh + nkv, nkv)?;
+        let y = cache.decode_batch(
+            &k.reshape((b, nkv, hd))?,
+            &v.reshape((b, nkv, hd))?,
+            &q.reshape((b, nh, hd))?,
+            for_graph,
+        )?; // [b, nh, hd] BF16
+        let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
+        self.o.forward(&y)
+    }
+
     /// [`forward`](Self::forward), reporting the inputs of q/k/v ([`Site::Qkv`]) and
     /// o_proj ([`Site::O`]) to `hook`.
     pub fn forward_captured(
@@ -133,7 +197,7 @@ impl Attention {
             .apply(&heads(nh, nkv)?.unsqueeze(0)?, pos)?
             .squeeze(0)?;
         let v = heads(nh + nkv, nkv)?;
-        if t == 1 {
+        if t == 1 && cache.batch() == 1 {
             // Decode: the cache stores the token, then attends over everything it holds.
             let y = cache.decode(&k, &v, &q)?; // [nh, hd] BF16
             let y = y.reshape((1, nh * hd))?.to_dtype(self.dtype)?;

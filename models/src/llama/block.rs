@@ -54,6 +54,23 @@ impl Block {
         })
     }
 
+    /// A layer from its parts (norm weights `[hidden]` in the activation dtype).
+    pub fn from_parts(
+        attn_norm: Tensor,
+        attn: Attention,
+        mlp_norm: Tensor,
+        mlp: Mlp,
+        eps: f32,
+    ) -> Self {
+        Self {
+            attn_norm,
+            attn,
+            mlp_norm,
+            mlp,
+            eps,
+        }
+    }
+
     /// The layer over `x` `[t, hidden]` at positions `pos..pos + t` (`mask`: the causal
     /// mask of a chunk, `None` for one token), storing the chunk's K/V in `cache`.
     pub fn forward(
@@ -80,6 +97,22 @@ impl Block {
         let x = (x + a)?;
         let h = candle_nn::ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
         x + self.mlp.forward_captured(&h, hook)?
+    }
+
+    /// One decode token of every sequence (`x` `[batch, hidden]`, see
+    /// [`Attention::forward_decode`]): capturable in a CUDA graph.
+    pub fn forward_decode(
+        &self,
+        x: &Tensor,
+        positions: &Tensor,
+        cache: &mut LayerCache,
+        for_graph: bool,
+    ) -> candle_core::Result<Tensor> {
+        let h = candle_nn::ops::rms_norm(x, &self.attn_norm, self.eps)?;
+        let a = self.attn.forward_decode(&h, positions, cache, for_graph)?;
+        let x = (x + a)?;
+        let h = candle_nn::ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
+        x + self.mlp.forward(&h)?
     }
 
     /// Every Linear of the layer: q/k/v (fused or not), o, gate/up, down.

@@ -42,6 +42,26 @@ impl Mlp {
         Ok(Self { gate_up, down })
     }
 
+    /// An MLP from its fused `gate|up` layer (`[2·intermediate, hidden]`, gate rows first)
+    /// and `down` (`[hidden, intermediate]`), e.g. built in memory ([`super::random`]).
+    pub fn from_parts(gate_up: QuantLinear, down: QuantLinear) -> Result<Self> {
+        if gate_up.out_features() != 2 * down.in_features()
+            || gate_up.in_features() != down.out_features()
+        {
+            bail!(
+                "Mlp::from_parts: gate|up [{}, {}] and down [{}, {}] do not match",
+                gate_up.out_features(),
+                gate_up.in_features(),
+                down.out_features(),
+                down.in_features()
+            )
+        }
+        Ok(Self {
+            gate_up: FusedLinear::One(gate_up),
+            down,
+        })
+    }
+
     /// Whether gate/up (the first of them) and down_proj all carry a bias.
     pub fn has_bias(&self) -> bool {
         self.gate_up.has_bias() && self.down.bias().is_some()

@@ -19,14 +19,24 @@
 mod attention;
 mod block;
 mod capture;
+#[cfg(feature = "cuda")]
+mod graph;
 mod linear;
 mod mlp;
+mod options;
+mod parts;
+pub mod random;
+mod step;
 
 pub use attention::Attention;
 pub use block::Block;
 pub use capture::{ignore_inputs, LinearInputs, Site};
 pub use linear::Loader;
 pub use mlp::Mlp;
+pub use options::{LoadOptions, DEFAULT_KV_WINDOW};
+use parts::Parts;
+pub use step::StepOutput;
+use step::{check_room, run_step, StepBuffers, StepModel};
 
 use crate::config::LlamaConfig;
 use crate::kv_cache::LayerCache;
@@ -39,54 +49,8 @@ use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
 use std::path::Path;
 
-/// How to load a model.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// KV-cache storage.
-    pub kv_cache: KvCacheKind,
-    /// Tokens the KV cache holds (prompt + generated); default
-    /// `min(max_position_embeddings, 4096)`.
-    pub max_seq_len: Option<usize>,
-    /// Activation dtype; default F32 on CPU (candle's CPU BF16 ops are slower and
-    /// QuantLinear takes BF16 input either way), BF16 elsewhere.
-    pub dtype: Option<DType>,
-    /// Longest run of tokens pushed through the layers at once; longer inputs are split.
-    /// Default 32, the GEMV's largest M. A chunk of more than 32 tokens runs the
-    /// projections as dequantize + matmul: on the CPU that is ~1.5× faster over a
-    /// 512-token prompt but slower for short ones (every weight is dequantized once per
-    /// chunk). With the UltraQuant cache a chunk attends over its own K/V exactly (see
-    /// `kv_cache`), so this also sets how much of a prompt sees unquantized K/V.
-    pub prefill_chunk: usize,
-    /// UltraQuant cache only: the most recent tokens kept exact in BF16 besides their FP4
-    /// slots (`candle_fp4::kv_cache`'s exact window; 0 = every token read from FP4).
-    /// Default [`DEFAULT_KV_WINDOW`].
-    pub kv_window: usize,
-    /// Accept a `max_seq_len` beyond the model's `max_position_embeddings` (positions the
-    /// model was not trained for); default `false`: such a request is a
-    /// [`ConfigError::ContextTooLong`](crate::errors::ConfigError::ContextTooLong).
-    pub allow_long_context: bool,
-}
-
-/// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
-/// perplexity cost of the FP4 cache in pure decode drops from +20.8 % to the numbers
-/// there; 64 · kv_heads · head_dim · 4 bytes per layer, 96 KiB per layer for SmolLM2).
-pub const DEFAULT_KV_WINDOW: usize = 64;
-
 /// Rows of hidden states sent through `lm_head` at once by [`Llama::forward_all`].
 pub const MAX_LOGIT_ROWS: usize = 32;
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self {
-            kv_cache: KvCacheKind::Bf16,
-            max_seq_len: None,
-            dtype: None,
-            prefill_chunk: 32,
-            kv_window: DEFAULT_KV_WINDOW,
-            allow_long_context: false,
-        }
-    }
-}
 
 /// A Llama model with its KV cache.
 #[derive(Debug)]
@@ -102,6 +66,11 @@ pub struct Llama {
     device: Device,
     max_seq_len: usize,
     prefill_chunk: usize,
+    cuda_graph: bool,
+    /// The decode step's device buffers, made at the first batched decode.
+    step_buffers: Option<step::StepBuffers>,
+    #[cfg(feature = "cuda")]
+    graphs: graph::Graphs,
 }
 
 impl Llama {
@@ -180,9 +149,52 @@ impl Llama {
             )?;
             l
         };
+        Self::assemble(
+            Parts {
+                cfg,
+                quant,
+                embed,
+                blocks,
+                norm,
+                lm_head,
+            },
+            dtype,
+            max_seq_len,
+            opts,
+            device,
+        )
+    }
+
+    /// The model from its modules: makes the KV caches of `opts` for `max_seq_len` tokens.
+    pub(crate) fn assemble(
+        parts: Parts,
+        dtype: DType,
+        max_seq_len: usize,
+        opts: &LoadOptions,
+        device: &Device,
+    ) -> Result<Self> {
+        let Parts {
+            cfg,
+            quant,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+        } = parts;
         let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        if opts.batch == 0 {
+            bail!("LoadOptions::batch must be at least 1")
+        }
         let caches = (0..cfg.num_hidden_layers)
-            .map(|_| LayerCache::new(opts.kv_cache, nkv, hd, max_seq_len, opts.kv_window, device))
+            .map(|_| {
+                LayerCache::new(
+                    opts.kv_cache,
+                    (opts.batch, nkv, hd),
+                    max_seq_len,
+                    opts.kv_window,
+                    device,
+                )
+            })
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {
             cfg,
@@ -196,7 +208,38 @@ impl Llama {
             device: device.clone(),
             max_seq_len,
             prefill_chunk: opts.prefill_chunk.max(1),
+            cuda_graph: opts.cuda_graph,
+            step_buffers: None,
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
         })
+    }
+
+    /// A model of `cfg`'s shapes with seeded random weights built directly on `device`
+    /// ([`random::RandomSpec`]; for benchmarks: no checkpoint), `lm_head` and the embeddings
+    /// BF16 (tied when `cfg` says so); caches and options as [`Llama::load`] makes them.
+    pub fn random(
+        cfg: LlamaConfig,
+        spec: random::RandomSpec,
+        opts: &LoadOptions,
+        device: &Device,
+    ) -> Result<Self> {
+        let dtype = opts.dtype.unwrap_or(if device.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        });
+        let max_seq_len = opts
+            .max_seq_len
+            .unwrap_or(cfg.max_position_embeddings.min(4096));
+        if max_seq_len == 0 || max_seq_len > cfg.max_position_embeddings {
+            bail!(
+                "Llama::random: max_seq_len {max_seq_len} must be in 1..={}",
+                cfg.max_position_embeddings
+            )
+        }
+        let parts = random::random_parts(cfg, spec, dtype, max_seq_len, device)?;
+        Self::assemble(parts, dtype, max_seq_len, opts, device)
     }
 
     /// The model's configuration.
@@ -259,6 +302,11 @@ impl Llama {
     /// [`Block::set_norm`]).
     pub fn block_mut(&mut self, i: usize) -> Result<&mut Block> {
         let n = self.blocks.len();
+        // A captured decode step holds the old weights' addresses.
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs = Default::default();
+        }
         self.blocks
             .get_mut(i)
             .with_context(|| format!("no block {i} (the model has {n})"))
@@ -269,6 +317,157 @@ impl Llama {
         for c in &mut self.caches {
             c.reset()?;
         }
+        Ok(())
+    }
+
+    /// Sequences the KV cache holds ([`LoadOptions::batch`]).
+    pub fn batch(&self) -> usize {
+        self.caches.first().map_or(1, LayerCache::batch)
+    }
+
+    /// Tokens cached for every sequence.
+    pub fn sequence_lens(&self) -> Vec<usize> {
+        self.caches
+            .first()
+            .map_or_else(Vec::new, |c| c.lens().to_vec())
+    }
+
+    /// Runs `tokens` through sequence `seq` of a batched cache, after the tokens it holds
+    /// (the prompt of one sequence; [`forward`](Self::forward) is sequence 0), and returns the
+    /// logits of the last one, F32 `[vocab]`.
+    pub fn prefill_seq(&mut self, seq: usize, tokens: &[u32]) -> Result<Tensor> {
+        for c in &mut self.caches {
+            c.set_sequence(seq)?;
+        }
+        let pos = self.cached_len();
+        let r = self.forward(tokens, pos);
+        for c in &mut self.caches {
+            c.set_sequence(0)?;
+        }
+        r
+    }
+
+    /// Benchmarks only: sets every sequence's cached length to `lens` without running the
+    /// model ([`candle_fp4::kv_cache::KvCache::bench_set_lens`]: the skipped tokens read as
+    /// zeros), so a decode benchmark runs at a 32k context without a 32k prefill.
+    #[doc(hidden)]
+    pub fn bench_set_sequence_lens(&mut self, lens: &[usize]) -> Result<()> {
+        if lens.iter().any(|&n| n >= self.max_seq_len) {
+            bail!(
+                "bench_set_sequence_lens: {lens:?} must leave room in a context of {}",
+                self.max_seq_len
+            )
+        }
+        for c in &mut self.caches {
+            c.bench_set_lens(lens)?;
+        }
+        Ok(())
+    }
+
+    /// Weight bytes a decode step reads: every projection's stored weight (codes and block
+    /// scales, or BF16) and `lm_head`; the embedding rows gathered are negligible.
+    pub fn weight_bytes(&self) -> usize {
+        let mut all: Vec<&QuantLinear> = vec![&self.lm_head];
+        for b in &self.blocks {
+            all.extend(b.linears());
+        }
+        all.iter().map(|l| l.weight_bytes()).sum()
+    }
+
+    /// Empties sequence `seq` of the KV cache.
+    pub fn reset_seq(&mut self, seq: usize) -> Result<()> {
+        for c in &mut self.caches {
+            c.set_sequence(seq)?;
+            let r = c.reset_sequence();
+            c.set_sequence(0)?;
+            r?;
+        }
+        Ok(())
+    }
+
+    /// One decode step of every sequence: feeds `tokens` (one per sequence, each at its
+    /// cached length; `None` feeds the previous step's greedy choices, with no host write)
+    /// and returns the greedy next token of each. On CUDA with [`LoadOptions::cuda_graph`]
+    /// the step is a CUDA graph, recorded at the second call and replayed after; only the
+    /// new token ids come back.
+    pub fn decode_greedy(&mut self, tokens: Option<&[u32]>) -> Result<Vec<u32>> {
+        self.decode_step(tokens, StepOutput::Greedy)?;
+        let ids = self.buffers()?.ids.to_vec1::<u32>()?;
+        Ok(ids)
+    }
+
+    /// Like [`decode_greedy`](Self::decode_greedy) but returns the logits, F32 `[batch,
+    /// vocab]` (for sampling; the greedy choices are kept for a later `decode_greedy(None)`).
+    pub fn decode_logits(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        self.decode_step(Some(tokens), StepOutput::Logits)?;
+        Ok(self.buffers()?.logits.copy()?)
+    }
+
+    fn buffers(&self) -> Result<&StepBuffers> {
+        self.step_buffers
+            .as_ref()
+            .context("decode: no step has run yet")
+    }
+
+    fn decode_step(&mut self, tokens: Option<&[u32]>, out: StepOutput) -> Result<()> {
+        let lens = check_room(&self.caches, self.max_seq_len)?;
+        let batch = lens.len();
+        if let Some(t) = tokens {
+            if t.len() != batch {
+                bail!("decode: {} tokens for a batch of {batch}", t.len());
+            }
+            self.check_vocab(t)?;
+        }
+        if self.step_buffers.is_none() {
+            self.step_buffers = Some(StepBuffers::new(batch, self.cfg.vocab_size, &self.device)?);
+        }
+        let Self {
+            embed,
+            blocks,
+            caches,
+            norm,
+            lm_head,
+            dtype,
+            step_buffers,
+            cfg,
+            ..
+        } = self;
+        let bufs = step_buffers.as_mut().context("decode: no step buffers")?;
+        match tokens {
+            Some(t) => bufs.set_ids(t)?,
+            None if bufs.ids_are_argmax => {}
+            None => bail!(
+                "decode_greedy(None) continues from the last step's choices; the first step needs tokens"
+            ),
+        }
+        bufs.set_positions(&lens)?;
+        let mut m = StepModel {
+            embed,
+            blocks,
+            caches,
+            norm,
+            lm_head,
+            eps: cfg.rms_norm_eps as f32,
+            dtype: *dtype,
+        };
+        let graph = self.cuda_graph && self.device.is_cuda();
+        if graph {
+            #[cfg(feature = "cuda")]
+            {
+                let bufs = &*bufs;
+                self.graphs
+                    .run(&self.device, out, || run_step(&mut m, bufs, out, true))?;
+            }
+        } else {
+            run_step(&mut m, bufs, out, false)?;
+        }
+        // Eager steps and recordings advanced the host lengths, replays the device's only.
+        let next: Vec<usize> = lens.iter().map(|n| n + 1).collect();
+        for c in m.caches.iter_mut() {
+            c.set_host_lens(&next)?;
+        }
+        bufs.positions_host = next;
+        bufs.ids_are_argmax = true;
         Ok(())
     }
 
@@ -381,11 +580,16 @@ impl Llama {
             );
         }
         self.check_vocab(tokens)?;
+        if let Some(b) = &mut self.step_buffers {
+            b.ids_are_argmax = false; // the next decode step needs its tokens again
+        }
         if position != cached {
             if position != 0 {
                 bail!("forward: position {position} would rewind the KV cache of {cached} tokens; only 0 (start over) or {cached} (continue) are supported");
             }
-            self.reset()?;
+            for c in &mut self.caches {
+                c.reset_sequence()?;
+            }
         }
         let mut outs = vec![];
         let mut pos = position;

@@ -1,0 +1,275 @@
+//! decode_bench: end-to-end decode speed on one CUDA GPU (features `cuda` and `peers`).
+//!
+//! Models are built directly in GPU memory with seeded random weights ([`Llama::random`]:
+//! a device call carries no checkpoint) in the shapes of Llama-3.1-8B (NVFP4 projections
+//! with a BF16 `lm_head`, and all-BF16) and SmolLM2-135M (NVFP4, tied BF16 embeddings).
+//! The context is set without a prefill (`bench_set_sequence_lens`: the skipped tokens read
+//! as zeros, which costs the attention the same bytes). Each row: one eager warm-up step,
+//! the CUDA graph recorded at the next, 5 more warm-up steps, then the median wall time of
+//! `STEPS` steps, each returning its greedy tokens to the host (what a decode loop pays).
+//!
+//! Roofline: the bytes a step must read (every weight once, plus each sequence's KV cache)
+//! over the copy bandwidth measured at the start of the same run. candle-transformers'
+//! BF16 `llama` (its own KV cache, prefilled to the context) runs the 8B shape in the same
+//! run as the reference the targets are stated against.
+//!
+//!   cargo bench -p candle-fp4-models --features cuda,peers --bench decode_bench
+//!   CFP4_DECODE_ONLY=smollm2 ... (rows whose name contains the string)
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4_models::config::LlamaConfig;
+use candle_fp4_models::{Llama, LoadOptions, RandomSpec};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const STEPS: usize = 40;
+
+const LLAMA_8B: &str = r#"{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+ "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "bos_token_id": 128000,
+ "eos_token_id": 128001,
+ "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
+
+const SMOLLM2: &str = r#"{"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+ "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+ "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+ "rope_theta": 100000.0, "tie_word_embeddings": true, "bos_token_id": 0, "eos_token_id": 0}"#;
+
+struct Case {
+    name: String,
+    cfg: &'static str,
+    nvfp4: bool,
+    kv: KvCacheKind,
+    ctx: usize,
+    batch: usize,
+    graph: bool,
+}
+
+struct Row {
+    name: String,
+    step: Duration,
+    batch: usize,
+    bytes: usize,
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn sync(dev: &Device) -> Result<()> {
+    Ok(dev.synchronize()?)
+}
+
+/// Device-to-device copy bandwidth (read + write bytes per second) of a 2 GiB buffer.
+fn copy_bandwidth(dev: &Device) -> Result<f64> {
+    let n = 1usize << 31;
+    let a = Tensor::zeros(n, DType::U8, dev)?;
+    let mut t = vec![];
+    for i in 0..12 {
+        sync(dev)?;
+        let s = Instant::now();
+        let b = a.copy()?;
+        sync(dev)?;
+        if i >= 2 {
+            t.push(s.elapsed());
+        }
+        drop(b);
+    }
+    Ok(2.0 * n as f64 / median(t).as_secs_f64())
+}
+
+fn ours(c: &Case, dev: &Device) -> Result<Row> {
+    let cfg = LlamaConfig::from_json_str(c.cfg, &c.name)?;
+    let opts = LoadOptions {
+        kv_cache: c.kv,
+        max_seq_len: Some(c.ctx + STEPS + 16),
+        batch: c.batch,
+        cuda_graph: c.graph,
+        ..LoadOptions::default()
+    };
+    let spec = RandomSpec {
+        nvfp4: c.nvfp4,
+        seed: 42,
+    };
+    let mut m = Llama::random(cfg, spec, &opts, dev).with_context(|| c.name.clone())?;
+    m.bench_set_sequence_lens(&vec![c.ctx - 1; c.batch])?;
+    m.decode_greedy(Some(&vec![1u32; c.batch]))?;
+    for _ in 0..6 {
+        m.decode_greedy(None)?;
+    }
+    let mut t = Vec::with_capacity(STEPS);
+    for _ in 0..STEPS {
+        let s = Instant::now();
+        m.decode_greedy(None)?;
+        t.push(s.elapsed());
+    }
+    let kv = m.kv_bytes_per_token() * c.ctx * c.batch;
+    Ok(Row {
+        name: c.name.clone(),
+        step: median(t),
+        batch: c.batch,
+        bytes: m.weight_bytes() + kv,
+    })
+}
+
+/// candle-transformers' BF16 Llama of `json`'s shape with random weights, batch 1, its KV
+/// cache prefilled to `ctx - 1` tokens.
+fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row> {
+    use candle_transformers::models::llama as ct;
+    let c: ct::LlamaConfig = serde_json::from_str(json)?;
+    let cfg = c.into_config(false);
+    let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let hd = h / cfg.num_attention_heads;
+    let kvd = cfg.num_key_value_heads * hd;
+    dev.set_seed(43)?;
+    let mut w: HashMap<String, Tensor> = HashMap::new();
+    let mut bytes = 0usize;
+    let mut put =
+        |w: &mut HashMap<String, Tensor>, name: String, shape: (usize, usize)| -> Result<()> {
+            let std = (1.0 / shape.1 as f64).sqrt() as f32;
+            let t = Tensor::randn(0f32, std, shape, dev)?.to_dtype(DType::BF16)?;
+            bytes += 2 * shape.0 * shape.1;
+            w.insert(name, t);
+            Ok(())
+        };
+    put(&mut w, "model.embed_tokens.weight".into(), (v, h))?;
+    put(&mut w, "lm_head.weight".into(), (v, h))?;
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        put(&mut w, format!("{p}.self_attn.q_proj.weight"), (h, h))?;
+        put(&mut w, format!("{p}.self_attn.k_proj.weight"), (kvd, h))?;
+        put(&mut w, format!("{p}.self_attn.v_proj.weight"), (kvd, h))?;
+        put(&mut w, format!("{p}.self_attn.o_proj.weight"), (h, h))?;
+        put(&mut w, format!("{p}.mlp.gate_proj.weight"), (inter, h))?;
+        put(&mut w, format!("{p}.mlp.up_proj.weight"), (inter, h))?;
+        put(&mut w, format!("{p}.mlp.down_proj.weight"), (h, inter))?;
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            w.insert(
+                format!("{p}.{n}.weight"),
+                Tensor::ones(h, DType::BF16, dev)?,
+            );
+        }
+    }
+    drop(put);
+    bytes -= 2 * v * h; // the embedding is gathered, not read whole
+    w.insert(
+        "model.norm.weight".into(),
+        Tensor::ones(h, DType::BF16, dev)?,
+    );
+    let vb = candle_nn::VarBuilder::from_tensors(w, DType::BF16, dev);
+    let model = ct::Llama::load(vb, &cfg)?;
+    let mut cache = ct::Cache::new(true, DType::BF16, &cfg, dev)?;
+    let prompt = Tensor::new(vec![1u32; ctx - 1], dev)?.unsqueeze(0)?;
+    let logits = model.forward(&prompt, 0, &mut cache)?;
+    let mut tok = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
+    let mut pos = ctx - 1;
+    let mut t = vec![];
+    for i in 0..STEPS + 6 {
+        let s = Instant::now();
+        let x = Tensor::new(&[tok], dev)?.unsqueeze(0)?;
+        let logits = model.forward(&x, pos, &mut cache)?;
+        tok = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
+        if i >= 6 {
+            t.push(s.elapsed());
+        }
+        pos += 1;
+    }
+    let kv = 2 * 2 * cfg.num_hidden_layers * kvd * ctx;
+    Ok(Row {
+        name: "8b bf16 b1 ctx512 candle-transformers".into(),
+        step: median(t),
+        batch: 1,
+        bytes: bytes + kv,
+    })
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = vec![];
+    let mut add = |model: &str, cfg, nvfp4, kv: KvCacheKind, ctx, batch, graph| {
+        let kvn = match kv {
+            KvCacheKind::Bf16 => "kvbf16",
+            KvCacheKind::UltraQuant => "kvuq",
+        };
+        let mode = if graph { "graph" } else { "eager" };
+        v.push(Case {
+            name: format!("{model} b{batch} ctx{ctx} {kvn} {mode}"),
+            cfg,
+            nvfp4,
+            kv,
+            ctx,
+            batch,
+            graph,
+        });
+    };
+    use KvCacheKind::{Bf16, UltraQuant};
+    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, true);
+    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, false);
+    add("smollm2 nvfp4", SMOLLM2, true, UltraQuant, 512, 1, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, false);
+    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 512, 1, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 8, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 32, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true);
+    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true);
+    add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true);
+    v
+}
+
+fn main() -> Result<()> {
+    let only = std::env::var("CFP4_DECODE_ONLY").unwrap_or_default();
+    let dev = Device::new_cuda(0)?;
+    let bw = copy_bandwidth(&dev)?;
+    eprintln!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let mut rows = vec![];
+    for c in cases().iter().filter(|c| c.name.contains(&only)) {
+        match ours(c, &dev) {
+            Ok(r) => {
+                eprintln!("{}: {:.3} ms/step", r.name, r.step.as_secs_f64() * 1e3);
+                rows.push(r)
+            }
+            Err(e) => eprintln!("{}: FAILED: {e:#}", c.name),
+        }
+    }
+    if "candle-transformers".contains(&only) || only.is_empty() {
+        match candle_transformers_llama(LLAMA_8B, 512, &dev) {
+            Ok(r) => rows.push(r),
+            Err(e) => eprintln!("candle-transformers: FAILED: {e:#}"),
+        }
+    }
+    let ct = rows
+        .iter()
+        .find(|r| r.name.contains("candle-transformers"))
+        .map(|r| r.step);
+    println!(
+        "\ncopy bandwidth {:.0} GB/s; median of {STEPS} steps",
+        bw / 1e9
+    );
+    println!(
+        "{:<42} {:>9} {:>10} {:>10} {:>9} {:>9} {:>8}",
+        "row", "ms/step", "tok/s/seq", "tok/s", "MB/step", "roofline", "vs c-t"
+    );
+    for r in &rows {
+        let s = r.step.as_secs_f64();
+        let roof = r.bytes as f64 / bw / s;
+        let vs = ct.map_or(String::from("-"), |c| {
+            format!("{:.2}x", c.as_secs_f64() * r.batch as f64 / s)
+        });
+        println!(
+            "{:<42} {:>9.3} {:>10.1} {:>10.1} {:>9.1} {:>8.1}% {:>8}",
+            r.name,
+            s * 1e3,
+            1.0 / s,
+            r.batch as f64 / s,
+            r.bytes as f64 / 1e6,
+            100.0 * roof,
+            vs
+        );
+    }
+    Ok(())
+}
