@@ -121,19 +121,23 @@ fn batch_one(what: &str, make: &dyn Fn(&LoadOptions) -> Llama, kind: KvCacheKind
     assert_eq!(lg, le, "{what}: prefill");
     let mut tok = argmax(&le);
     let mut worst = 0f32;
+    // Whether the graph's own last choice is certainly `tok` (the last step's margin was
+    // beyond the bound); only then may a step continue from it without a host write.
+    let mut own_choice_is_tok = false;
     for step in 0..300 {
         let pos = prompt.len() + step;
         let want = host(&e.forward(&[tok], pos).unwrap()).remove(0);
-        if step % 3 == 2 {
-            // Fed the graph's own previous choice, which equals `tok` (checked last step).
+        let clear = margin(&want) > tolerance(&want);
+        if step % 3 == 2 && own_choice_is_tok {
             let next = g.decode_greedy(None).unwrap()[0];
-            if margin(&want) > tolerance(&want) {
+            if clear {
                 assert_eq!(next, argmax(&want), "{what} step {step}: greedy token");
             }
         } else {
             let got = host(&g.decode_logits(&[tok]).unwrap()).remove(0);
             worst = worst.max(check(&format!("{what} step {step}"), &got, &want));
         }
+        own_choice_is_tok = clear;
         tok = argmax(&want);
     }
     assert_eq!(g.sequence_lens(), vec![prompt.len() + 300]);
@@ -149,7 +153,9 @@ fn graph_matches_eager_batch_one() {
 }
 
 /// The greedy continuation replays with no host write: its tokens equal those of eager
-/// greedy decoding (`forward` fed its own argmax) while no near-tie occurs.
+/// greedy decoding (`forward` fed its own argmax) up to the first step where the eager
+/// logits have a (near-)tie within the bound, where the graph's choice must be one of the
+/// tied tokens (the runs then continue from different tokens, so the comparison stops).
 #[test]
 fn graph_greedy_tokens_match_eager() {
     for kind in [KvCacheKind::Bf16, KvCacheKind::UltraQuant] {
@@ -160,11 +166,13 @@ fn graph_greedy_tokens_match_eager() {
         e.forward(&prompt, 0).unwrap();
         let first = argmax(&l);
         let mut want = vec![];
+        let mut logits = vec![];
         let mut tok = first;
         for step in 0..200 {
             want.push(tok);
             let l = host(&e.forward(&[tok], prompt.len() + step).unwrap()).remove(0);
             tok = argmax(&l);
+            logits.push(l);
         }
         let mut got = vec![first];
         got.push(g.decode_greedy(Some(&[first])).unwrap()[0]);
@@ -173,10 +181,22 @@ fn graph_greedy_tokens_match_eager() {
         }
         let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         eprintln!("{kind:?}: greedy tokens agree on the first {agree} of 200");
-        assert!(
-            agree >= 100,
-            "{kind:?}: graph and eager greedy diverge at token {agree}"
-        );
+        if agree < 200 {
+            // Token `agree` is the choice from the logits of step `agree - 1`.
+            let l = &logits[agree - 1];
+            let max = l[argmax(l) as usize];
+            let mine = l[got[agree] as usize];
+            eprintln!(
+                "{kind:?}: token {agree}: graph {} ({mine}), eager {} ({max})",
+                got[agree], want[agree]
+            );
+            assert!(
+                max - mine <= tolerance(l),
+                "{kind:?}: token {agree}: the graph chose {} ({mine}), eager {} ({max}): not a near-tie",
+                got[agree],
+                want[agree]
+            );
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 //! Recording runs the host code once, which advanced the caches' host lengths: the driver
 //! sets them back, and after every replay sets them one further
 //! ([`LayerCache::set_host_lens`](crate::kv_cache::LayerCache::set_host_lens)).
+//! candle's small per-launch uploads (layout vectors) go through its CUDA-graph htod cache
+//! during the warm-up and the recording, so the graph reads persistent device copies.
 //! Allocations inside the step are stream-ordered (`cuMemAllocAsync`) and freed inside it,
 //! so the graph owns them; the buffers it reads and writes persist in [`super::step::StepBuffers`].
 
@@ -83,12 +85,18 @@ impl Graphs {
         };
         match slot {
             Slot::Cold => {
+                // candle uploads small layout vectors (dims, strides) per launch from host
+                // memory; its htod cache keeps them in persistent device buffers while the
+                // guard lives, filled here and only read while recording (a miss there is
+                // an error), so the graph never copies from freed host memory.
+                let _cache = cu.enable_cuda_graph_htod_cache();
                 body()?;
                 *slot = Slot::Warm;
                 Ok(Ran::Eager)
             }
             Slot::Warm => {
                 let stream = cu.cuda_stream();
+                let _cache = cu.enable_cuda_graph_htod_cache();
                 stream
                     .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                     .context("CUDA graph decode: cannot start capturing the step")?;
