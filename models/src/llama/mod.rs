@@ -91,11 +91,7 @@ impl Llama {
         // tensors are copied into device memory before `ckpt` is dropped).
         let ckpt = unsafe { Checkpoint::open(dir) }
             .with_context(|| format!("{}: cannot open the weights", dir.display()))?;
-        let dtype = opts.dtype.unwrap_or(if device.is_cpu() {
-            DType::F32
-        } else {
-            DType::BF16
-        });
+        let dtype = opts.activation_dtype(device);
         let max_seq_len = crate::validate::check_load(
             &cfg,
             dir,
@@ -224,11 +220,7 @@ impl Llama {
         opts: &LoadOptions,
         device: &Device,
     ) -> Result<Self> {
-        let dtype = opts.dtype.unwrap_or(if device.is_cpu() {
-            DType::F32
-        } else {
-            DType::BF16
-        });
+        let dtype = opts.activation_dtype(device);
         let max_seq_len = opts
             .max_seq_len
             .unwrap_or(cfg.max_position_embeddings.min(4096));

@@ -1,6 +1,6 @@
 //! [`LoadOptions`]: how a model is loaded (KV cache, context, batch, CUDA graph).
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use candle_fp4::kv_cache::KvCacheKind;
 
 /// How to load a model.
@@ -54,5 +54,17 @@ impl Default for LoadOptions {
             batch: 1,
             cuda_graph: true,
         }
+    }
+}
+
+impl LoadOptions {
+    /// The activation dtype on `device`: [`dtype`](Self::dtype), or F32 on the CPU and BF16
+    /// elsewhere.
+    pub fn activation_dtype(&self, device: &Device) -> DType {
+        self.dtype.unwrap_or(if device.is_cpu() {
+            DType::F32
+        } else {
+            DType::BF16
+        })
     }
 }
