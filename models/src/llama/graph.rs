@@ -26,8 +26,10 @@ enum Slot {
     Captured(Exec),
 }
 
-/// An instantiated graph, movable to another thread with its model.
-struct Exec(CudaGraph);
+/// An instantiated graph and the thread that recorded it: candle's htod cache, which holds
+/// the device copies of the graph's layout vectors, is thread-local, so a graph is only
+/// replayed on its recording thread (another thread records its own).
+struct Exec(CudaGraph, std::thread::ThreadId);
 
 // SAFETY: CUDA graph objects may be used from any thread provided calls on one graph are
 // serialized (CUDA driver API, "Graph object thread safety"). The only access is
@@ -110,10 +112,17 @@ impl Graphs {
                 graph
                     .launch()
                     .context("CUDA graph decode: replaying the step failed")?;
-                *slot = Slot::Captured(Exec(graph));
+                *slot = Slot::Captured(Exec(graph, std::thread::current().id()));
                 Ok(Ran::Replayed { recorded: true })
             }
-            Slot::Captured(Exec(g)) => {
+            Slot::Captured(Exec(_, t)) if *t != std::thread::current().id() => {
+                // Moved to another thread: warm up and record again there.
+                let _cache = cu.enable_cuda_graph_htod_cache();
+                body()?;
+                *slot = Slot::Warm;
+                Ok(Ran::Eager)
+            }
+            Slot::Captured(Exec(g, _)) => {
                 g.launch()
                     .context("CUDA graph decode: replaying the step failed")?;
                 Ok(Ran::Replayed { recorded: false })
