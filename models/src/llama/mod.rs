@@ -402,8 +402,7 @@ impl Llama {
     }
 
     fn decode_step(&mut self, tokens: Option<&[u32]>, out: StepOutput) -> Result<()> {
-        let lens = check_room(&self.caches, self.max_seq_len)?;
-        let batch = lens.len();
+        let batch = check_room(&self.caches, self.max_seq_len)?;
         if let Some(t) = tokens {
             if t.len() != batch {
                 bail!("decode: {} tokens for a batch of {batch}", t.len());
@@ -432,7 +431,7 @@ impl Llama {
                 "decode_greedy(None) continues from the last step's choices; the first step needs tokens"
             ),
         }
-        bufs.set_positions(&lens)?;
+        bufs.set_positions(caches[0].lens())?;
         let mut m = StepModel {
             embed,
             blocks,
@@ -454,11 +453,11 @@ impl Llama {
             run_step(&mut m, bufs, out, false)?;
         }
         // Eager steps and recordings advanced the host lengths, replays the device's only.
-        let next: Vec<usize> = lens.iter().map(|n| n + 1).collect();
+        // The positions' mirror becomes the new lengths in place (no per-step allocation).
+        bufs.positions_host.iter_mut().for_each(|n| *n += 1);
         for c in m.caches.iter_mut() {
-            c.set_host_lens(&next)?;
+            c.set_host_lens(&bufs.positions_host)?;
         }
-        bufs.positions_host = next;
         bufs.ids_are_argmax = true;
         Ok(())
     }

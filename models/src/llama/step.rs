@@ -109,14 +109,14 @@ pub(crate) fn run_step(
     Ok(())
 }
 
-/// Checks that every sequence has room for one more token and returns the lengths.
-pub(crate) fn check_room(caches: &[LayerCache], capacity: usize) -> Result<Vec<usize>> {
+/// Checks that every sequence has room for one more token and returns the batch.
+pub(crate) fn check_room(caches: &[LayerCache], capacity: usize) -> Result<usize> {
     let Some(first) = caches.first() else {
         bail!("decode: the model has no layers")
     };
-    let lens = first.lens().to_vec();
+    let lens = first.lens();
     if let Some((i, &n)) = lens.iter().enumerate().find(|(_, &n)| n >= capacity) {
         bail!("decode: sequence {i} holds {n} tokens, the context of {capacity} is full")
     }
-    Ok(lens)
+    Ok(lens.len())
 }
