@@ -84,6 +84,32 @@ __device__ __forceinline__ void e2m1_raw_pairs(uint32_t q, uint32_t out[4]) {
     out[3] = ((q8 & 0x00f000f0u) * 0x0104u) & M;
 }
 
+// Power of two that the raw pairs below carry (e2m1 * 2^-kRawLog2), so a scale pair
+// multiplied in must carry 2^(kRawLog2 - 8) for the decode's overall 2^-8.
+constexpr int kRawLog2 = CFP4_HW_E2M1 ? 112 : 126;
+
+// One 32-bit word (8 E2M1 codes, code j = nibble j) as 4 bf16x2 of e2m1 * 2^-kRawLog2,
+// exactly, no scale. Software order: out[r] = (code r, code r+4); hardware order:
+// out[r] = (code 2r, code 2r+1).
+template <bool HI_MUL = false>
+__device__ __forceinline__ void decode_word_raw(uint32_t q, uint32_t out[4]) {
+#if CFP4_HW_E2M1
+    uint32_t h[4];
+    asm("{\n\t.reg .b8 b0, b1, b2, b3;\n\t"
+        "mov.b32 {b0, b1, b2, b3}, %4;\n\t"
+        "cvt.rn.f16x2.e2m1x2 %0, b0;\n\t"
+        "cvt.rn.f16x2.e2m1x2 %1, b1;\n\t"
+        "cvt.rn.f16x2.e2m1x2 %2, b2;\n\t"
+        "cvt.rn.f16x2.e2m1x2 %3, b3;\n\t}"
+        : "=r"(h[0]), "=r"(h[1]), "=r"(h[2]), "=r"(h[3])
+        : "r"(q));
+#pragma unroll
+    for (int r = 0; r < 4; ++r) out[r] = (h[r] & 0x80008000u) | ((h[r] >> 3) & 0x0fff0fffu);
+#else
+    e2m1_raw_pairs<HI_MUL>(q, out);
+#endif
+}
+
 // Decodes one 32-bit word (8 E2M1 codes, code j = nibble j) times a scale pair into 4
 // bf16x2 registers. Software order: out[r] = (code r, code r+4); hardware order:
 // out[r] = (code 2r, code 2r+1).

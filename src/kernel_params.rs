@@ -129,10 +129,104 @@ pub(crate) struct KvAppendParams {
     pub limit: i32,
 }
 
+/// `PackedGemvParams` of `kernels/gemv_packed.cuh` (packed NVFP4 GEMV).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackedGemvParams {
+    pub w: u64,
+    pub scales: u64,
+    pub x: u64,
+    pub out: u64,
+    pub partial: u64,
+    pub counters: u64,
+    pub out_scale: f32,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub x_stride: i32,
+    pub half_pad: i32,
+    pub groups: i32,
+    pub split: i32,
+    pub npairs: i32,
+    pub pad: i32,
+}
+
+/// `PackParams` of `kernels/gemv_packed.cuh` (ModelOpt layout → packed layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackParams {
+    pub codes: u64,
+    pub scales: u64,
+    pub out_codes: u64,
+    pub out_scales: u64,
+    pub n: i32,
+    pub k: i32,
+    pub sp: i32,
+    pub half_pad: i32,
+    pub tiles: i32,
+    pub npairs: i32,
+}
+
+/// `PackedDequantParams` of `kernels/gemv_packed.cuh` (packed layout → exact BF16).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackedDequantParams {
+    pub w: u64,
+    pub scales: u64,
+    pub out: u64,
+    pub n: i32,
+    pub k: i32,
+    pub half_pad: i32,
+    pub tiles: i32,
+    pub npairs: i32,
+    pub pad: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
+
+    /// Offsets written in kernels/gemv_packed.cuh's comments.
+    #[test]
+    fn packed_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(PackedGemvParams, w), 0);
+        assert_eq!(offset_of!(PackedGemvParams, scales), 8);
+        assert_eq!(offset_of!(PackedGemvParams, x), 16);
+        assert_eq!(offset_of!(PackedGemvParams, out), 24);
+        assert_eq!(offset_of!(PackedGemvParams, partial), 32);
+        assert_eq!(offset_of!(PackedGemvParams, counters), 40);
+        assert_eq!(offset_of!(PackedGemvParams, out_scale), 48);
+        assert_eq!(offset_of!(PackedGemvParams, m), 52);
+        assert_eq!(offset_of!(PackedGemvParams, n), 56);
+        assert_eq!(offset_of!(PackedGemvParams, k), 60);
+        assert_eq!(offset_of!(PackedGemvParams, x_stride), 64);
+        assert_eq!(offset_of!(PackedGemvParams, half_pad), 68);
+        assert_eq!(offset_of!(PackedGemvParams, groups), 72);
+        assert_eq!(offset_of!(PackedGemvParams, split), 76);
+        assert_eq!(offset_of!(PackedGemvParams, npairs), 80);
+        assert_eq!(size_of::<PackedGemvParams>(), 88);
+        assert_eq!(offset_of!(PackParams, codes), 0);
+        assert_eq!(offset_of!(PackParams, scales), 8);
+        assert_eq!(offset_of!(PackParams, out_codes), 16);
+        assert_eq!(offset_of!(PackParams, out_scales), 24);
+        assert_eq!(offset_of!(PackParams, n), 32);
+        assert_eq!(offset_of!(PackParams, k), 36);
+        assert_eq!(offset_of!(PackParams, sp), 40);
+        assert_eq!(offset_of!(PackParams, half_pad), 44);
+        assert_eq!(offset_of!(PackParams, tiles), 48);
+        assert_eq!(offset_of!(PackParams, npairs), 52);
+        assert_eq!(size_of::<PackParams>(), 56);
+        assert_eq!(offset_of!(PackedDequantParams, w), 0);
+        assert_eq!(offset_of!(PackedDequantParams, scales), 8);
+        assert_eq!(offset_of!(PackedDequantParams, out), 16);
+        assert_eq!(offset_of!(PackedDequantParams, n), 24);
+        assert_eq!(offset_of!(PackedDequantParams, k), 28);
+        assert_eq!(offset_of!(PackedDequantParams, half_pad), 32);
+        assert_eq!(offset_of!(PackedDequantParams, tiles), 36);
+        assert_eq!(offset_of!(PackedDequantParams, npairs), 40);
+        assert_eq!(size_of::<PackedDequantParams>(), 48);
+    }
 
     /// Offsets written in kernels/gemv.cuh's comments; both sides must agree.
     #[test]

@@ -23,6 +23,7 @@ mod forward;
 mod layer;
 mod load;
 mod plan;
+mod weight;
 
 pub use layer::QuantLinear;
 pub use plan::use_gemv;

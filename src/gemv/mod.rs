@@ -11,51 +11,27 @@
 //! `pdl` asks the CUDA kernel for programmatic dependent launch (its weight loads overlap
 //! the previous kernel's tail); it has no effect on the CPU.
 
+mod checks;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod options;
+pub mod packed;
 
+use checks::{check_x, x_view};
+pub use checks::{K_ALIGN, MAX_M};
 pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 #[cfg(feature = "cuda")]
 pub use options::GemvPlan;
 pub(crate) use options::Plan;
 pub use options::{GemvOptions, KernelImage};
+pub use packed::{packed_nvfp4_gemv, PackedNvfp4};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
     Tensor,
 };
-
-/// Largest number of tokens (rows of `x`) the GEMV takes.
-pub const MAX_M: usize = 32;
-/// `K` must be a multiple of this.
-pub const K_ALIGN: usize = 64;
-
-/// Checks `x` (BF16 `[M, K]`, unit inner stride, `1 ≤ M ≤ 32`, `K % 64 == 0`) and returns `(m, k)`.
-pub(crate) fn check_x(op: &str, x: &Tensor) -> Result<(usize, usize)> {
-    let (m, k) = match x.dims() {
-        [m, k] => (*m, *k),
-        d => bail!("{op}: x must be 2-d [M, K], got shape {d:?}"),
-    };
-    if x.dtype() != DType::BF16 {
-        bail!("{op}: x must be BF16, got {:?}", x.dtype());
-    }
-    if m == 0 || m > MAX_M {
-        bail!("{op}: M = {m} tokens is outside 1..={MAX_M} (use a matmul for larger M)");
-    }
-    if k == 0 || k % K_ALIGN != 0 {
-        bail!("{op}: K = {k} is not a positive multiple of {K_ALIGN}");
-    }
-    if x.stride()[1] != 1 && k > 1 {
-        bail!(
-            "{op}: x must have unit inner stride, got strides {:?}",
-            x.stride()
-        );
-    }
-    Ok((m, k))
-}
 
 fn check_n(op: &str, n: usize, silu_mul: bool) -> Result<()> {
     if n == 0 {
@@ -69,27 +45,6 @@ fn check_n(op: &str, n: usize, silu_mul: bool) -> Result<()> {
 
 fn out_shape(m: usize, n: usize, silu_mul: bool) -> Shape {
     Shape::from((m, if silu_mul { n / 2 } else { n }))
-}
-
-/// The BF16 rows of `x` from its storage (starting at the layout's offset) and their
-/// stride; `x` must have unit inner stride.
-fn x_view<'a>(op: &str, s: &'a CpuStorage, l: &Layout) -> Result<(&'a [half::bf16], usize)> {
-    let x = match s {
-        CpuStorage::BF16(v) => v.as_slice(),
-        s => bail!("{op}: x must be BF16, got {:?}", s.dtype()),
-    };
-    let (m, k) = l.shape().dims2()?;
-    let st = l.stride();
-    if st[1] != 1 {
-        bail!("{op}: x must have unit inner stride, got strides {st:?}");
-    }
-    let rs = if m == 1 { k } else { st[0] };
-    let start = l.start_offset();
-    let end = start + (m - 1) * rs + k;
-    if end > x.len() {
-        bail!("{op}: x layout exceeds its storage");
-    }
-    Ok((&x[start..end], rs))
 }
 
 fn contiguous_u8<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> Result<&'a [u8]> {

@@ -1,7 +1,8 @@
 //! `QuantLinear::forward` and `forward_silu_mul`.
 
-use super::layer::{QuantLinear, Weight};
+use super::layer::QuantLinear;
 use super::plan::Choice;
+use super::weight::Weight;
 use crate::gemv::{bf16_gemv_planned, nvfp4_gemv_planned};
 use crate::nvfp4::dequantize_rows;
 use candle_core::{bail, DType, Module, Result, Tensor};
@@ -50,15 +51,27 @@ impl QuantLinear {
         if m == 0 {
             return Tensor::zeros((0, n_out), DType::BF16, x.device());
         }
-        if let Choice::Gemv(opts, plan) = self.plans.choice(m, silu_mul) {
-            return match &self.weight {
-                Weight::Nvfp4 {
-                    codes,
-                    scales,
-                    global_scale,
-                } => nvfp4_gemv_planned(x, codes, scales, *global_scale, opts, plan.clone()),
-                Weight::Bf16(w) => bf16_gemv_planned(x, w, opts, plan.clone()),
-            };
+        match (self.plans.choice(m, silu_mul), &self.weight) {
+            (Choice::Matmul, _) => {}
+            #[cfg(feature = "cuda")]
+            (Choice::Packed(plan), Weight::Packed(p)) => {
+                return crate::gemv::packed::packed_gemv_planned(x, p, silu_mul, plan.clone());
+            }
+            #[cfg(feature = "cuda")]
+            (Choice::Packed(_), _) => {
+                bail!("QuantLinear: internal error, a packed plan for an unpacked weight")
+            }
+            (Choice::Gemv(opts, plan), w) => {
+                return match w {
+                    Weight::Nvfp4 {
+                        codes,
+                        scales,
+                        global_scale,
+                    } => nvfp4_gemv_planned(x, codes, scales, *global_scale, opts, plan.clone()),
+                    Weight::Packed(p) => crate::gemv::packed_nvfp4_gemv(x, p, silu_mul, opts.pdl),
+                    Weight::Bf16(w) => bf16_gemv_planned(x, w, opts, plan.clone()),
+                };
+            }
         }
         let y = match &self.weight {
             Weight::Nvfp4 {
@@ -72,6 +85,11 @@ impl QuantLinear {
                     .affine(*global_scale as f64, 0.0)?
                     .to_dtype(DType::BF16)?
             }
+            Weight::Packed(p) => x
+                .matmul(&p.dequantize_bf16()?.t()?)?
+                .to_dtype(DType::F32)?
+                .affine(p.global_scale() as f64, 0.0)?
+                .to_dtype(DType::BF16)?,
             Weight::Bf16(w) => x.matmul(&w.t()?)?,
         };
         if silu_mul {

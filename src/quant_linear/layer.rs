@@ -1,25 +1,12 @@
 //! The [`QuantLinear`] layer: its weight, constructors and accessors.
 
 use super::plan::Plans;
+use super::weight::{nvfp4_weight, Weight};
 use crate::nvfp4::{
     swizzle_blockscale_bytes, swizzled_shape, unswizzle_blockscale_bytes, Nvfp4Quantized,
     BLOCK_SIZE,
 };
 use candle_core::{bail, DType, Device, Result, Tensor};
-
-/// The weight of a [`QuantLinear`].
-#[derive(Debug, Clone)]
-pub(super) enum Weight {
-    Nvfp4 {
-        /// U8 `[N, K/2]` packed E2M1 codes.
-        codes: Tensor,
-        /// U8 `[Np, Sp]` 128×4-swizzled E4M3 block scales.
-        scales: Tensor,
-        global_scale: f32,
-    },
-    /// BF16 `[N, K]`.
-    Bf16(Tensor),
-}
 
 /// A linear layer `y = x·Wᵀ + b` with an NVFP4 or BF16 weight `[N, K]`; see the module
 /// [module docs](super) for the numerics. Which path runs for each token count is decided once, when the
@@ -80,16 +67,14 @@ impl QuantLinear {
         let swz = swizzle_blockscale_bytes(&q.weight_scale, n, s)?;
         let codes = Tensor::from_slice(&q.weight, (n, k / 2), device)?;
         let scales = Tensor::from_vec(swz, swizzled_shape(n, s), device)?;
+        let weight = nvfp4_weight(codes, scales, q.global_scale)?;
+        let plans = Plans::new(device, n, k, &weight)?;
         Ok(Self {
-            weight: Weight::Nvfp4 {
-                codes,
-                scales,
-                global_scale: q.global_scale,
-            },
+            weight,
             bias: prepare_bias(bias, n, device)?,
             n,
             k,
-            plans: Plans::new(device, n, k, true)?,
+            plans,
         })
     }
 
@@ -133,16 +118,14 @@ impl QuantLinear {
             bail!("{WHAT}: swizzled block scale byte {i} is {b:#04x} = {v}: E4M3 block scales must be finite and non-negative");
         }
         let device = codes.device().clone();
+        let weight = nvfp4_weight(codes.contiguous()?, scales.contiguous()?, global_scale)?;
+        let plans = Plans::new(&device, n, k, &weight)?;
         Ok(Self {
-            weight: Weight::Nvfp4 {
-                codes: codes.contiguous()?,
-                scales: scales.contiguous()?,
-                global_scale,
-            },
+            weight,
             bias: prepare_bias(bias, n, &device)?,
             n,
             k,
-            plans: Plans::new(&device, n, k, true)?,
+            plans,
         })
     }
 
@@ -162,12 +145,14 @@ impl QuantLinear {
             );
         }
         let device = weight.device().clone();
+        let weight = Weight::Bf16(weight.to_dtype(DType::BF16)?.contiguous()?);
+        let plans = Plans::new(&device, n, k, &weight)?;
         Ok(Self {
-            weight: Weight::Bf16(weight.to_dtype(DType::BF16)?.contiguous()?),
+            weight,
             bias: prepare_bias(bias, n, &device)?,
             n,
             k,
-            plans: Plans::new(&device, n, k, false)?,
+            plans,
         })
     }
 
@@ -181,24 +166,27 @@ impl QuantLinear {
         self.n
     }
 
-    /// Bytes of the stored weight a forward reads: NVFP4 codes plus swizzled block scales,
-    /// or the BF16 matrix (the bias excluded).
+    /// Bytes of the stored weight a forward reads: NVFP4 codes plus swizzled block scales
+    /// (on a GPU: the packed codes and scale words, padding rows included), or the BF16
+    /// matrix (the bias excluded).
     pub fn weight_bytes(&self) -> usize {
         match &self.weight {
             Weight::Nvfp4 { codes, scales, .. } => codes.elem_count() + scales.elem_count(),
+            Weight::Packed(p) => p.bytes(),
             Weight::Bf16(w) => 2 * w.elem_count(),
         }
     }
 
     /// Whether the weight is NVFP4.
     pub fn is_nvfp4(&self) -> bool {
-        matches!(self.weight, Weight::Nvfp4 { .. })
+        matches!(self.weight, Weight::Nvfp4 { .. } | Weight::Packed(_))
     }
 
     /// The FP32 global scale (`weight_scale_2`) of an NVFP4 weight; `None` for BF16.
     pub fn global_scale(&self) -> Option<f32> {
         match &self.weight {
             Weight::Nvfp4 { global_scale, .. } => Some(*global_scale),
+            Weight::Packed(p) => Some(p.global_scale()),
             Weight::Bf16(_) => None,
         }
     }
@@ -212,20 +200,32 @@ impl QuantLinear {
     pub fn device(&self) -> &Device {
         match &self.weight {
             Weight::Nvfp4 { codes, .. } => codes.device(),
+            Weight::Packed(p) => p.device(),
             Weight::Bf16(w) => w.device(),
         }
     }
 
     /// An NVFP4 weight back in checkpoint layout (row-major scales) on the host; `None`
-    /// for a BF16 weight.
+    /// for a BF16 weight. (From a GPU layer, blocks whose scale is zero come back with
+    /// zero codes: the same dequantized weight.)
     pub fn to_nvfp4(&self) -> Result<Option<Nvfp4Quantized>> {
-        let Weight::Nvfp4 {
-            codes,
-            scales,
-            global_scale,
-        } = &self.weight
-        else {
-            return Ok(None);
+        let (codes, scales, global_scale) = match &self.weight {
+            Weight::Nvfp4 {
+                codes,
+                scales,
+                global_scale,
+            } => (codes, scales, global_scale),
+            Weight::Packed(p) => {
+                let (weight, weight_scale) = p.to_modelopt()?;
+                return Ok(Some(Nvfp4Quantized {
+                    n: self.n,
+                    k: self.k,
+                    weight,
+                    weight_scale,
+                    global_scale: p.global_scale(),
+                }));
+            }
+            Weight::Bf16(_) => return Ok(None),
         };
         let codes = codes.flatten_all()?.to_vec1::<u8>()?;
         let swz = scales.flatten_all()?.to_vec1::<u8>()?;
@@ -246,7 +246,7 @@ impl QuantLinear {
     pub fn dequantize(&self) -> Result<Tensor> {
         match &self.weight {
             Weight::Bf16(w) => w.to_dtype(DType::F32),
-            Weight::Nvfp4 { .. } => match self.to_nvfp4()? {
+            Weight::Nvfp4 { .. } | Weight::Packed(_) => match self.to_nvfp4()? {
                 Some(q) => Tensor::from_vec(q.dequantize(), (self.n, self.k), self.device()),
                 None => bail!("QuantLinear: internal error, NVFP4 weight not found"),
             },

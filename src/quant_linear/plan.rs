@@ -2,6 +2,7 @@
 //! ([`use_gemv`], pure) and the per-M choices made from it once, when the layer is built on
 //! its device (on a GPU: that device's tuned table and a resolved kernel launch per tile).
 
+use super::weight::Weight;
 use crate::gemv::{GemvOptions, Plan, K_ALIGN, MAX_M};
 use candle_core::{Device, Result};
 
@@ -27,6 +28,9 @@ pub(crate) enum Choice {
     Matmul,
     /// The GEMV with these options (token tile set) and, on CUDA, its planned launch.
     Gemv(GemvOptions, Plan),
+    /// The packed NVFP4 GEMV with its planned launch (CUDA).
+    #[cfg(feature = "cuda")]
+    Packed(std::sync::Arc<crate::gemv::packed::cuda::PackedPlan>),
 }
 
 /// The choice for every `m` in `1..=MAX_M`, without and with the `silu_mul` epilogue.
@@ -36,10 +40,11 @@ pub(crate) struct Plans {
 }
 
 impl Plans {
-    /// The plans of an `[n, k]` layer (`fp4`: NVFP4, else BF16) on `device`.
-    pub(crate) fn new(device: &Device, n: usize, k: usize, fp4: bool) -> Result<Self> {
+    /// The plans of an `[n, k]` layer with `weight` on `device`.
+    pub(crate) fn new(device: &Device, n: usize, k: usize, weight: &Weight) -> Result<Self> {
+        let fp4 = !matches!(weight, Weight::Bf16(_));
         let table = crate::tables::for_device(device)?;
-        let mut made: Vec<(usize, bool, Plan)> = Vec::new();
+        let mut made: Vec<(usize, bool, Choice)> = Vec::new();
         let mut by_m = Vec::with_capacity(MAX_M);
         for m in 1..=MAX_M {
             let mut pair = [Choice::Matmul, Choice::Matmul];
@@ -60,17 +65,16 @@ impl Plans {
                     nt,
                     ..GemvOptions::new(silu, false)
                 };
-                let plan = match made.iter().find(|(t, s, _)| Some(*t) == nt && *s == silu) {
-                    Some((_, _, p)) => p.clone(),
+                *slot = match made.iter().find(|(t, s, _)| Some(*t) == nt && *s == silu) {
+                    Some((_, _, c)) => c.clone(),
                     None => {
-                        let p = make_plan(device, fp4, n, k, nt, &opts)?;
+                        let c = make_choice(device, weight, n, k, nt, &opts)?;
                         if let Some(t) = nt {
-                            made.push((t, silu, p.clone()));
+                            made.push((t, silu, c.clone()));
                         }
-                        p
+                        c
                     }
                 };
-                *slot = Choice::Gemv(opts, plan);
             }
             by_m.push(pair);
         }
@@ -87,33 +91,42 @@ impl Plans {
     }
 }
 
+/// The GEMV choice for token tile `nt` (`None`: planned per call, the CPU).
 #[cfg(feature = "cuda")]
-fn make_plan(
+fn make_choice(
     device: &Device,
-    fp4: bool,
+    weight: &Weight,
     n: usize,
     k: usize,
     nt: Option<usize>,
     opts: &GemvOptions,
-) -> Result<Plan> {
-    match (device, nt) {
-        (Device::Cuda(d), Some(nt)) => Ok(Plan {
-            cuda: Some(std::sync::Arc::new(crate::gemv::cuda::plan(
-                d, fp4, n, k, nt, opts,
-            )?)),
-        }),
-        _ => Ok(Plan::default()),
+) -> Result<Choice> {
+    use std::sync::Arc;
+    let fp4 = !matches!(weight, Weight::Bf16(_));
+    match (device, nt, weight) {
+        (Device::Cuda(d), Some(nt), Weight::Packed(p)) => {
+            // The packed kernel's tiles are the same list's first entries (1, 2, 4).
+            let plan = crate::gemv::packed::cuda::plan(d, p.layout(), opts.silu_mul, nt, opts.pdl)?;
+            Ok(Choice::Packed(Arc::new(plan)))
+        }
+        (Device::Cuda(d), Some(nt), _) => Ok(Choice::Gemv(
+            *opts,
+            Plan {
+                cuda: Some(Arc::new(crate::gemv::cuda::plan(d, fp4, n, k, nt, opts)?)),
+            },
+        )),
+        _ => Ok(Choice::Gemv(*opts, Plan::default())),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn make_plan(
+fn make_choice(
     _device: &Device,
-    _fp4: bool,
+    _weight: &Weight,
     _n: usize,
     _k: usize,
     _nt: Option<usize>,
-    _opts: &GemvOptions,
-) -> Result<Plan> {
-    Ok(Plan::default())
+    opts: &GemvOptions,
+) -> Result<Choice> {
+    Ok(Choice::Gemv(*opts, Plan::default()))
 }

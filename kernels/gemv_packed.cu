@@ -1,0 +1,450 @@
+// gemv_packed.cu: small-M (M <= 32) NVFP4 GEMV over weights repacked once at load, its
+// packer and its dequantizer. y = epilogue(out_scale * x . W^T) on tensor cores, with
+// the numerics of gemv.cu: exact bf16 weights e2m1 * e4m3 * 2^-8, FP32 accumulation,
+// out_scale = global_scale * 2^8 on the accumulator, one rounding to bf16.
+//
+// Packed layout (made here by cfp4_pack_codes / cfp4_pack_scales from the ModelOpt
+// layout: codes uint8 [N, K/2], low nibble = even k; E4M3 scales per 16 k, 128x4-swizzled;
+// src/gemv/packed.rs is the CPU reference of both):
+//   Packed rows: N padded to 16-row tiles; when N is even, in two segments of
+//   half_pad = round_up(N/2, 16) rows (packed row p < half_pad is row p, else row
+//   N/2 + p - half_pad), so the gate and up halves of a [gate | up] layer start on tile
+//   bounds. Padding rows are zero codes with zero scales.
+//   Codes: [tile][chunk c < 2*npairs][lane][16 bytes], chunk c = k 64c .. 64c+63 (chunks
+//   past K are zero). Lane (g = lane/4, t = lane%4) holds rows r0 = 16*tile + g and
+//   r1 = r0 + 8 at k = 64c + 16t .. +15 as 4 words; word j holds kj .. kj+3
+//   (kj = 64c + 16t + 4j) of both rows, nibbles placed so that decode_word_raw yields
+//   the mma.m16n8k16 A fragment in order: out[0] = r0 (kj, kj+1), out[1] = r1 (kj, kj+1),
+//   out[2] = r0 (kj+2, kj+3), out[3] = r1 (kj+2, kj+3). The MMA's k order is free as long
+//   as x agrees: lane t's x for word j is x[kj .. kj+3], natural bf16 pairs (no permute).
+//   Scales: [tile][pair p < npairs][lane][u32], pair p = chunks 2p, 2p+1. Lane t's 16 k of
+//   a chunk are exactly one 16-block, so a lane needs one scale per row per chunk; the
+//   word packs four bytes T: bits 4..11 T(r0, 2p), 20..27 T(r1, 2p), 12..19 T(r0, 2p+1),
+//   and T(r1, 2p+1) low nibble at 28..31, high nibble at 0..3. Then
+//   (w & 0x0ff00ff0) | base and (rotr(w, 8) & 0x0ff00ff0) | base (chunk 2p+1) are the
+//   bf16x2 (s(r0), s(r1)) = e4m3 * 2^(kRawLog2 - 8): T = ((E - kTBase) << 3) | m3 with E,
+//   m3 the biased exponent and top 3 mantissa bits of that bf16 (E4M3 subnormals
+//   normalised). A zero scale gives T = 0 and its block's codes are zeroed when packing.
+//
+// Work split: a CTA of WARPS warps serves one group (plain: one row tile; silu_mul: gate
+// tile i and up tile half_pad/16 + i, so the epilogue has both) and one of `split` slices
+// of K; its warps take contiguous runs of 128-wide K pairs (no predicates in the loop:
+// padded rows, clamped token rows whose columns are dropped), keeping U pairs of weight
+// loads in flight in registers. Warps meet in shared memory; with split > 1 each CTA
+// writes its sum to `partial` and the last to arrive (a counter per group, reset by it)
+// adds the slices in order (deterministic) and writes the output.
+//
+// Weight and scale loads of the first stages are issued before griddepcontrol.wait
+// (programmatic dependent launch, sm_90+); x, partial and counters only after it.
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include "gemv_packed.cuh"
+#include "nvfp4_decode.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CFP4_PDL 1
+#else
+#define CFP4_PDL 0
+#endif
+
+namespace {
+
+// Warps per CTA: a launch parameter (blockDim.x = 32 * warps), at most MAX_WARPS.
+constexpr int MAX_WARPS = 8;
+constexpr int MAX_THREADS = MAX_WARPS * 32;
+constexpr uint32_t kScaleMask = 0x0ff00ff0u;
+// Exponent base of T: its bits start above bit 11 on the software path, so "| base" is
+// one LOP3; the hardware path's scales sit 14 binades lower and add it.
+constexpr int kTBase = CFP4_HW_E2M1 ? 208 : 224;
+constexpr uint32_t kScaleBase = uint32_t(kTBase << 7) * 0x10001u;
+#ifndef CFP4_PGEMV_HIMUL
+#define CFP4_PGEMV_HIMUL 0
+#endif
+// The decode's byte shift as a multiply-high (FMA pipe) instead of a shift (ALU pipe).
+constexpr bool kHiMul = CFP4_PGEMV_HIMUL != 0;
+
+__device__ __forceinline__ void griddep_wait() {
+#if CFP4_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if CFP4_PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// bf16x2 (s(r0), s(r1)) of chunk 2p + h from the pair's scale word.
+__device__ __forceinline__ uint32_t scale_regs(uint32_t w, int h) {
+    const uint32_t v = h == 0 ? w : __funnelshift_r(w, w, 8);
+#if CFP4_HW_E2M1
+    return (v & kScaleMask) + kScaleBase;
+#else
+    return (v & kScaleMask) | kScaleBase;
+#endif
+}
+
+// T of an E4M3 scale byte (finite, sign ignored: the loaders reject negative scales and
+// -0 is a zero scale).
+__device__ __forceinline__ uint32_t scale_t(uint32_t b) {
+    b &= 0x7fu;
+    if (b == 0) return 0;
+    const int e = int(b >> 3), m = int(b & 7u);
+    int E, m3;
+    if (e > 0) {
+        E = e + (kRawLog2 - 8) + 120;  // (1 + m/8) 2^(e-7) * 2^(kRawLog2-8), bias 127
+        m3 = m;
+    } else {
+        const int lead = 31 - __clz(m);  // m * 2^-9 = 2^(lead-9) * (m / 2^lead)
+        E = lead + (kRawLog2 - 8) + 118;
+        m3 = (m << (3 - lead)) & 7;
+    }
+    return uint32_t(((E - kTBase) << 3) | m3);
+}
+
+// Packed row -> weight row, or -1 for a padding row.
+__device__ __forceinline__ int real_row(int prow, int n, int half_pad) {
+    if (half_pad == 0) return prow < n ? prow : -1;
+    const int half = n / 2;
+    if (prow < half_pad) return prow < half ? prow : -1;
+    const int q = prow - half_pad;
+    return q < half ? half + q : -1;
+}
+
+template <int NT, bool SILU>
+struct Cfg {
+    static constexpr int TILES = SILU ? 2 : 1;
+    // K pairs (1 KB of codes per tile) in flight per warp.
+#ifdef CFP4_PGEMV_U
+    static constexpr int U = CFP4_PGEMV_U;
+#else
+    static constexpr int U = NT * TILES <= 2 ? 3 : 2;
+#endif
+    // Independent accumulator chains per (tile, token tile).
+    static constexpr int SETS = NT * TILES == 1 ? 2 : 1;
+};
+
+template <int NT, bool SILU>
+struct Stage {
+    uint4 w[Cfg<NT, SILU>::TILES][2];
+    uint32_t s[Cfg<NT, SILU>::TILES];
+};
+
+template <int NT, bool SILU>
+__device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
+    using C = Cfg<NT, SILU>;
+    constexpr int TILES = C::TILES, U = C::U, SETS = C::SETS;
+    __shared__ float4 red[MAX_WARPS][TILES][NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
+    const int per_slice = (p.npairs + p.split - 1) / p.split;
+    const int s0 = min(slice * per_slice, p.npairs), s1 = min(s0 + per_slice, p.npairs);
+    const int per_warp = (s1 - s0 + warps - 1) / warps;
+    const int w0 = min(s0 + warp * per_warp, s1), w1 = min(w0 + per_warp, s1);
+    const int np = w1 - w0;
+    const int nchunks = p.k / 64;
+
+    // Cursors at this warp's first pair; the loop advances them by U pairs.
+    const uint8_t* wp[TILES];
+    const uint32_t* sp[TILES];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+        const size_t tile = size_t(i == 0 ? group : p.half_pad / 16 + group);
+        wp[i] = p.w + ((tile * size_t(2 * p.npairs) + size_t(2 * w0)) * 32 + lane) * 16;
+        sp[i] = p.scales + (tile * size_t(p.npairs) + size_t(w0)) * 32 + lane;
+    }
+    // Stage u of the pipeline from pair `i` past the cursors.
+    auto load = [&](Stage<NT, SILU>& st, int i) {
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti) {
+            st.w[ti][0] = ld_stream_v4(wp[ti] + i * 1024);
+            st.w[ti][1] = ld_stream_v4(wp[ti] + i * 1024 + 512);
+            st.s[ti] = ld_stream_u32(sp[ti] + i * 32);
+        }
+    };
+
+    griddep_launch_dependents();
+    Stage<NT, SILU> st[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (u < np) load(st[u], u);
+    griddep_wait();  // x is written by the previous kernel
+
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+        xr[j] = static_cast<const __nv_bfloat16*>(p.x) + size_t(min(g + 8 * j, p.m - 1)) * p.x_stride + 128 * w0 + 16 * t;
+
+    float acc[TILES][NT][SETS][4];
+#pragma unroll
+    for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
+
+    // Chunk h of stage s, whose x starts `xo` elements past the x cursors.
+    auto compute = [&](const Stage<NT, SILU>& s, int h, int xo) {
+        uint4 xv[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            xv[j][0] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo));
+            xv[j][1] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo + 8));
+        }
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti) {
+            const uint32_t S = scale_regs(s.s[ti], h);
+            const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
+            const uint4 wv = s.w[ti][h];
+            const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+            for (int jw = 0; jw < 4; ++jw) {
+                uint32_t r[4];
+                decode_word_raw<kHiMul>(words[jw], r);
+                const uint32_t a[4] = {bf16x2_mul(r[0], sa), bf16x2_mul(r[1], sb), bf16x2_mul(r[2], sa),
+                                       bf16x2_mul(r[3], sb)};
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const uint4 xx = xv[j][jw >> 1];
+                    const uint32_t b0 = (jw & 1) ? xx.z : xx.x, b1 = (jw & 1) ? xx.w : xx.y;
+                    mma_bf16(acc[ti][j][jw % SETS], a, b0, b1);
+                }
+            }
+        }
+    };
+    auto advance = [&]() {
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti) {
+            wp[ti] += U * 1024;
+            sp[ti] += U * 32;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xr[j] += U * 128;
+    };
+
+    // The warp's last pair has one chunk when it ends an odd K / 64.
+    const int full = (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
+    int i0 = 0;
+    for (; i0 + U <= np; i0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            compute(st[u], 0, 128 * u);
+            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
+            if (i0 + u + U < np) load(st[u], u + U);
+        }
+        advance();
+    }
+#pragma unroll
+    for (int u = 0; u < U - 1; ++u) {
+        if (i0 + u < np) {
+            compute(st[u], 0, 128 * u);
+            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
+        }
+    }
+
+#pragma unroll
+    for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int q = 0; q < SETS; ++q) {
+                v.x += acc[ti][j][q][0]; v.y += acc[ti][j][q][1]; v.z += acc[ti][j][q][2]; v.w += acc[ti][j][q][3];
+            }
+            red[warp][ti][j][lane] = v;
+        }
+    __syncthreads();
+    if (warp != 0) return;
+    float4 tot[TILES][NT];
+#pragma unroll
+    for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 s = red[0][ti][j][lane];
+#pragma unroll
+            for (int w = 1; w < warps; ++w) {
+                const float4 v = red[w][ti][j][lane];
+                s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+            }
+            tot[ti][j] = s;
+        }
+    if (p.split > 1) {
+        constexpr int PER = TILES * NT * 32;  // float4 per CTA slice
+        float4* base = reinterpret_cast<float4*>(p.partial) + size_t(group) * p.split * PER;
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) __stcg(base + size_t(slice) * PER + (ti * NT + j) * 32 + lane, tot[ti][j]);
+        __threadfence();
+        uint32_t prev = 0;
+        if (lane == 0) prev = atomicAdd(p.counters + group, 1u);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev != uint32_t(p.split - 1)) return;
+        __threadfence();
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int q = 0; q < p.split; ++q) {
+                    const float4 v = __ldcg(base + size_t(q) * PER + (ti * NT + j) * 32 + lane);
+                    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+                }
+                tot[ti][j] = s;
+            }
+        if (lane == 0) p.counters[group] = 0;  // ready for the next call
+    }
+
+    // tot[ti][j] in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int tok = 8 * j + 2 * t + e;
+            if (tok >= p.m) continue;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float v0 = e == 0 ? (r == 0 ? tot[0][j].x : tot[0][j].z) : (r == 0 ? tot[0][j].y : tot[0][j].w);
+                const int q = 16 * group + g + 8 * r;
+                if (SILU) {
+                    const int half = p.n / 2;
+                    if (q >= half) continue;
+                    const float v1 = e == 0 ? (r == 0 ? tot[TILES - 1][j].x : tot[TILES - 1][j].z)
+                                            : (r == 0 ? tot[TILES - 1][j].y : tot[TILES - 1][j].w);
+                    const float gate = __bfloat162float(__float2bfloat16_rn(v0 * p.out_scale));
+                    const float up = __bfloat162float(__float2bfloat16_rn(v1 * p.out_scale));
+                    const float silu = gate / (1.0f + expf(-gate));
+                    out[size_t(tok) * half + q] = __float2bfloat16_rn(silu * up);
+                } else {
+                    const int row = real_row(q, p.n, p.half_pad);
+                    if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(v0 * p.out_scale);
+                }
+            }
+        }
+    }
+}
+
+// Packed word j of lane (g, t) of chunk c of `tile`, from the ModelOpt layout (see top).
+__device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int c, int lane, int j) {
+    const int g = lane >> 2, t = lane & 3;
+    const int kj = 64 * c + 16 * t + 4 * j;
+    uint32_t v[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [row][k - kj]
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int row = real_row(16 * tile + g + 8 * rr, p.n, p.half_pad);
+        if (row < 0 || kj >= p.k) continue;
+        if ((p.scales[swizzled_offset(uint32_t(row), uint32_t(kj / 16), uint32_t(p.sp))] & 0x7fu) == 0) continue;
+        const uint8_t* src = p.codes + size_t(row) * (p.k / 2) + kj / 2;
+        v[rr][0] = src[0] & 15u;
+        v[rr][1] = src[0] >> 4;
+        v[rr][2] = src[1] & 15u;
+        v[rr][3] = src[1] >> 4;
+    }
+    // pair r of the A fragment: (first, second) k of (row, k offset)
+    const uint32_t pr[4][2] = {{v[0][0], v[0][1]}, {v[1][0], v[1][1]}, {v[0][2], v[0][3]}, {v[1][2], v[1][3]}};
+    uint32_t word = 0;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        if (kPermutedPairs) {
+            word |= (pr[r][0] << (4 * r)) | (pr[r][1] << (4 * (r + 4)));
+        } else {
+            word |= (pr[r][0] << (8 * r)) | (pr[r][1] << (8 * r + 4));
+        }
+    }
+    return word;
+}
+
+}  // namespace
+
+// Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
+constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >= 8 ? 1 : 2; }
+
+#define CFP4_PGEMV(NT, SILU, NAME)                                                                         \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
+        pgemv<NT, SILU>(p);                                                                                \
+    }
+
+// Every variant of src/variants.rs (generated by build.rs).
+#include "gemv_packed_instances.inc"
+
+// One thread per 16-byte lane record of the packed codes.
+extern "C" __global__ void __launch_bounds__(256) cfp4_pack_codes(const __grid_constant__ PackParams p) {
+    const size_t nch = size_t(2 * p.npairs);
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= size_t(p.tiles) * nch * 32) return;
+    const int lane = int(i % 32), c = int((i / 32) % nch), tile = int(i / 32 / nch);
+    uint4 v;
+    v.x = pack_word(p, tile, c, lane, 0);
+    v.y = pack_word(p, tile, c, lane, 1);
+    v.z = pack_word(p, tile, c, lane, 2);
+    v.w = pack_word(p, tile, c, lane, 3);
+    reinterpret_cast<uint4*>(p.out_codes)[i] = v;
+}
+
+// One thread per packed scale word.
+extern "C" __global__ void __launch_bounds__(256) cfp4_pack_scales(const __grid_constant__ PackParams p) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= size_t(p.tiles) * p.npairs * 32) return;
+    const int lane = int(i % 32), pair = int((i / 32) % p.npairs), tile = int(i / 32 / p.npairs);
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t T[2][2] = {{0, 0}, {0, 0}};  // [row][chunk of the pair]
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int row = real_row(16 * tile + g + 8 * rr, p.n, p.half_pad);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = 2 * pair + h;
+            if (row < 0 || 64 * c >= p.k) continue;
+            T[rr][h] = scale_t(p.scales[swizzled_offset(uint32_t(row), uint32_t(4 * c + t), uint32_t(p.sp))]);
+        }
+    }
+    p.out_scales[i] = (T[0][0] << 4) | (T[1][0] << 20) | (T[0][1] << 12) | ((T[1][1] & 15u) << 28) | (T[1][1] >> 4);
+}
+
+// Exact BF16 rows from the packed layout: one thread per packed word (4 k of two rows).
+extern "C" __global__ void __launch_bounds__(256) cfp4_dequantize_packed(const __grid_constant__ PackedDequantParams p) {
+    const size_t nch = size_t(2 * p.npairs);
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= size_t(p.tiles) * nch * 128) return;
+    const int j = int(i % 4), lane = int((i / 4) % 32), c = int((i / 128) % nch), tile = int(i / 128 / nch);
+    const int g = lane >> 2, t = lane & 3;
+    const int kj = 64 * c + 16 * t + 4 * j;
+    if (kj >= p.k) return;
+    const uint32_t word = reinterpret_cast<const uint32_t*>(p.w)[i];
+    const uint32_t S = scale_regs(p.scales[(size_t(tile) * p.npairs + c / 2) * 32 + lane], c & 1);
+    uint32_t r[4];
+    decode_word_raw(word, r);
+    const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
+    // bf16x2 (256, 256) undoes the decode's 2^-8, exactly (|e2m1 * e4m3| <= 2688).
+    constexpr uint32_t two8 = 0x43804380u;
+    const uint32_t a0 = bf16x2_mul(bf16x2_mul(r[0], sa), two8), a1 = bf16x2_mul(bf16x2_mul(r[1], sb), two8);
+    const uint32_t a2 = bf16x2_mul(bf16x2_mul(r[2], sa), two8), a3 = bf16x2_mul(bf16x2_mul(r[3], sb), two8);
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    const int row0 = real_row(16 * tile + g, p.n, p.half_pad), row1 = real_row(16 * tile + g + 8, p.n, p.half_pad);
+    if (row0 >= 0) *reinterpret_cast<uint2*>(out + size_t(row0) * p.k + kj) = make_uint2(a0, a2);
+    if (row1 >= 0) *reinterpret_cast<uint2*>(out + size_t(row1) * p.k + kj) = make_uint2(a1, a3);
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds scripts/proto/pgemv_bench.cu with the kernels it times (sm_90a) into .carry/.
+# Usage: scripts/proto/build-pgemv-bench.sh [extra nvcc flags, e.g. -DCFP4_PGEMV_HIMUL=1]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/cuda-env.sh
+inc=$(mktemp -d)
+for nt in 1 2 4; do
+    for silu in false true; do
+        tag=fp4; [ $silu = true ] && tag=fp4silu
+        echo "CFP4_PGEMV($nt, $silu, cfp4_pgemv_${tag}_nt$nt)" >> "$inc/gemv_packed_instances.inc"
+        echo "CFP4_GEMV($nt, 1, $silu, true, cfp4_gemv_${tag}_nt${nt}_s1)" >> "$inc/gemv_instances.inc"
+    done
+done
+out=.carry/pgemv_bench${SUFFIX:-}
+nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Ikernels -I"$inc" "$@" \
+    -o "$out" scripts/proto/pgemv_bench.cu kernels/gemv_packed.cu kernels/gemv.cu
+rm -rf "$inc"
+echo "built $out"

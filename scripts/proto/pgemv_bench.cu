@@ -1,0 +1,396 @@
+// pgemv_bench.cu: stand-alone H200 harness for the packed NVFP4 GEMV (kernels/gemv_packed.cu)
+// against the ModelOpt-layout GEMV (kernels/gemv.cu) and the copy bandwidth, same run.
+// Built here by scripts/proto/build-pgemv-bench.sh (nvcc; no Rust on the GPU machine), run
+// on the device: ./pgemv_bench [--sweep]. Checks every packed result against an FP64
+// reference of the exact dequantized weight; times CUDA-graph replays of 32 calls rotating
+// among weight copies totalling >= 256 MiB (median of 15), like benches/gemv_cuda.rs.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+#include "gemv.cuh"
+#include "gemv_packed.cuh"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+#define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
+PG(cfp4_pgemv_fp4_nt1) PG(cfp4_pgemv_fp4silu_nt1) PG(cfp4_pgemv_fp4_nt2) PG(cfp4_pgemv_fp4silu_nt2)
+PG(cfp4_pgemv_fp4_nt4) PG(cfp4_pgemv_fp4silu_nt4)
+#define OG(NAME) extern "C" __global__ void NAME(const __grid_constant__ GemvParams p);
+OG(cfp4_gemv_fp4_nt1_s1) OG(cfp4_gemv_fp4silu_nt1_s1) OG(cfp4_gemv_fp4_nt2_s1) OG(cfp4_gemv_fp4silu_nt2_s1)
+OG(cfp4_gemv_fp4_nt4_s1) OG(cfp4_gemv_fp4silu_nt4_s1)
+extern "C" __global__ void cfp4_pack_codes(const __grid_constant__ PackParams p);
+extern "C" __global__ void cfp4_pack_scales(const __grid_constant__ PackParams p);
+
+typedef void (*PgFn)(PackedGemvParams);
+typedef void (*OgFn)(GemvParams);
+
+static PgFn pg_fn(int nt, bool silu) {
+    if (nt == 1) return silu ? cfp4_pgemv_fp4silu_nt1 : cfp4_pgemv_fp4_nt1;
+    if (nt == 2) return silu ? cfp4_pgemv_fp4silu_nt2 : cfp4_pgemv_fp4_nt2;
+    return silu ? cfp4_pgemv_fp4silu_nt4 : cfp4_pgemv_fp4_nt4;
+}
+static OgFn og_fn(int nt, bool silu) {
+    if (nt == 1) return silu ? cfp4_gemv_fp4silu_nt1_s1 : cfp4_gemv_fp4_nt1_s1;
+    if (nt == 2) return silu ? cfp4_gemv_fp4silu_nt2_s1 : cfp4_gemv_fp4_nt2_s1;
+    return silu ? cfp4_gemv_fp4silu_nt4_s1 : cfp4_gemv_fp4_nt4_s1;
+}
+
+__host__ __device__ static uint32_t swz(uint32_t m, uint32_t s, uint32_t sp) {
+    return ((m >> 7) * (sp >> 2) + (s >> 2)) * 512u + (m & 31u) * 16u + ((m & 127u) >> 5) * 4u + (s & 3u);
+}
+
+__device__ float e2m1_val(uint32_t c) {
+    const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    return (c & 8) ? -mag[c & 7] : mag[c & 7];
+}
+__device__ float e4m3_val(uint32_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float v = e == 0 ? ldexpf(float(m), -9) : ldexpf(1.f + m / 8.f, e - 7);
+    return (b & 0x80) ? -v : v;
+}
+
+// FP64 reference: ref[tok][row] = gs * sum_k x * e2m1 * e4m3, and sum |.|.
+__global__ void ref_gemv(const uint8_t* codes, const uint8_t* sc, int sp, const __nv_bfloat16* x, int m, int n, int k,
+                         float gs, double* ref, double* absr) {
+    const int row = blockIdx.x;
+    __shared__ double red[2][32][128];
+    double acc[32], ab[32];
+    for (int i = 0; i < m; ++i) acc[i] = ab[i] = 0;
+    for (int kk = threadIdx.x; kk < k; kk += blockDim.x) {
+        const uint8_t byte = codes[size_t(row) * (k / 2) + kk / 2];
+        const float w = e2m1_val((kk & 1) ? byte >> 4 : byte & 15) * e4m3_val(sc[swz(row, kk / 16, sp)]);
+        for (int i = 0; i < m; ++i) {
+            const double p = double(w) * double(__bfloat162float(x[size_t(i) * k + kk]));
+            acc[i] += p;
+            ab[i] += fabs(p);
+        }
+    }
+    for (int i = 0; i < m; ++i) {
+        red[0][i][threadIdx.x] = acc[i];
+        red[1][i][threadIdx.x] = ab[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < m) {
+        double s = 0, a = 0;
+        for (int j = 0; j < 128; ++j) {
+            s += red[0][threadIdx.x][j];
+            a += red[1][threadIdx.x][j];
+        }
+        ref[size_t(threadIdx.x) * n + row] = s * gs;
+        absr[size_t(threadIdx.x) * n + row] = a * gs;
+    }
+}
+
+static float bf(uint16_t h) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float round_bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+struct Shape {
+    const char* name;
+    int n, k;
+    bool silu;
+};
+
+struct Layer {
+    int n, k, sp, np_, tiles, npairs, half_pad, groups;
+    bool silu;
+    size_t code_bytes, scale_bytes, pc_bytes, ps_bytes;
+    std::vector<uint8_t*> codes, scales, pcodes;
+    std::vector<uint32_t*> pscales;
+};
+
+static int sms = 0;
+
+static Layer make_layer(const Shape& s, std::mt19937& rng) {
+    Layer L{};
+    L.n = s.n;
+    L.k = s.k;
+    L.silu = s.silu;
+    const int sc = s.k / 16;
+    L.sp = (sc + 3) / 4 * 4;
+    L.np_ = (s.n + 127) / 128 * 128;
+    L.half_pad = (s.n % 2 == 0) ? ((s.n / 2 + 15) / 16) * 16 : 0;
+    const int prow = L.half_pad ? 2 * L.half_pad : (s.n + 15) / 16 * 16;
+    L.tiles = prow / 16;
+    L.npairs = (s.k + 127) / 128;
+    L.groups = s.silu ? L.half_pad / 16 : L.tiles;
+    L.code_bytes = size_t(s.n) * s.k / 2;
+    L.scale_bytes = size_t(L.np_) * L.sp;
+    L.pc_bytes = size_t(L.tiles) * 2 * L.npairs * 512;
+    L.ps_bytes = size_t(L.tiles) * L.npairs * 32 * 4;
+    std::vector<uint8_t> hc(L.code_bytes), hs(L.scale_bytes, 0);
+    std::uniform_int_distribution<int> byte(0, 255), pct(0, 99), sub(1, 7), nrm(0x28, 0x5f);
+    for (auto& b : hc) b = uint8_t(byte(rng));
+    for (int r = 0; r < s.n; ++r)
+        for (int c = 0; c < sc; ++c) {
+            const int q = pct(rng);
+            const uint8_t v = q < 3 ? 0 : q < 8 ? uint8_t(sub(rng)) : uint8_t(nrm(rng));
+            hs[swz(r, c, L.sp)] = v;
+        }
+    const size_t per = L.code_bytes + L.scale_bytes;
+    const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / per + 1));
+    for (int i = 0; i < copies; ++i) {
+        uint8_t *c, *sc_, *pc;
+        uint32_t* ps;
+        CK(cudaMalloc(&c, L.code_bytes));
+        CK(cudaMalloc(&sc_, L.scale_bytes));
+        CK(cudaMalloc(&pc, L.pc_bytes));
+        CK(cudaMalloc(&ps, L.ps_bytes));
+        CK(cudaMemcpy(c, hc.data(), L.code_bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(sc_, hs.data(), L.scale_bytes, cudaMemcpyHostToDevice));
+        PackParams pp{c, sc_, pc, ps, s.n, s.k, L.sp, L.half_pad, L.tiles, L.npairs};
+        const size_t nc = size_t(L.tiles) * 2 * L.npairs * 32, ns = size_t(L.tiles) * L.npairs * 32;
+        cfp4_pack_codes<<<unsigned((nc + 255) / 256), 256>>>(pp);
+        cfp4_pack_scales<<<unsigned((ns + 255) / 256), 256>>>(pp);
+        CK(cudaGetLastError());
+        L.codes.push_back(c);
+        L.scales.push_back(sc_);
+        L.pcodes.push_back(pc);
+        L.pscales.push_back(ps);
+    }
+    CK(cudaDeviceSynchronize());
+    return L;
+}
+
+static void free_layer(Layer& L) {
+    for (size_t i = 0; i < L.codes.size(); ++i) {
+        cudaFree(L.codes[i]);
+        cudaFree(L.scales[i]);
+        cudaFree(L.pcodes[i]);
+        cudaFree(L.pscales[i]);
+    }
+}
+
+static int occ_pg(int nt, bool silu, int warps) {
+    int o = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, (const void*)pg_fn(nt, silu), 32 * warps, 0));
+    return std::max(o, 1);
+}
+
+// The library's rule (src/gemv/packed/geometry.rs, packed_geometry), restated for the
+// harness: (warps, split).
+static std::pair<int, int> geometry(int groups, int npairs, int occ4, int occ8) {
+    auto cost = [&](int w, int occ) {
+        const int waves = (groups + sms * std::max(occ, 1) - 1) / (sms * std::max(occ, 1));
+        return double(waves) * double((npairs + w - 1) / w) * (w == 8 ? 1.1 : 1.0);
+    };
+    const int warps = cost(8, occ8) < cost(4, occ4) ? 8 : 4;
+    int split = 1;
+    if (warps == 8 && 2 * groups <= sms)
+        for (int s : {4, 2})
+            if (groups * s <= sms * std::max(occ8, 1) && npairs >= 8 * s) {
+                split = s;
+                break;
+            }
+    return {warps, split};
+}
+
+// Median µs per call of `calls` launches captured in one graph.
+template <class F>
+static double time_graph(F launch, int calls = 32) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int i = 0; i < 3; ++i) launch(st, i);
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) launch(st, i);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge, st));
+    std::vector<float> t;
+    for (int r = 0; r < 15; ++r) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(st);
+    return double(t[7]) * 1000.0 / calls;
+}
+
+static double copy_bw() {
+    const size_t bytes = size_t(2) << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    for (int i = 0; i < 9; ++i) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * bytes / (t[4] * 1e-3) / 1e9;
+}
+
+int main(int argc, char** argv) {
+    const bool sweep = argc > 1 && !strcmp(argv[1], "--sweep");
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const double copy = copy_bw();
+    printf("copy %.0f GB/s (read + write), %d SMs\n", copy, sms);
+    const Shape shapes[] = {
+        {"8B qkv", 6144, 4096, false},     {"8B o", 4096, 4096, false},       {"8B gate|up", 28672, 4096, true},
+        {"8B down", 4096, 14336, false},   {"8B lm_head", 128256, 4096, false}, {"70B qkv", 10240, 8192, false},
+        {"70B o", 8192, 8192, false},      {"70B gate|up", 57344, 8192, true}, {"70B down", 8192, 28672, false},
+        {"S qkv", 960, 576, false},        {"S o", 576, 576, false},          {"S gate|up", 3072, 576, true},
+        {"S down", 576, 1536, false},      {"S lm_head", 49152, 576, false},  {"odd", 1000, 4032, false},
+        {"odd silu", 200, 960, true},
+    };
+    std::mt19937 rng(1234);
+    __nv_bfloat16* x;
+    const int maxk = 28672;
+    CK(cudaMalloc(&x, size_t(32) * maxk * 2));
+    {
+        std::vector<uint16_t> hx(size_t(32) * maxk);
+        std::uniform_real_distribution<float> u(-1.f, 1.f);
+        for (auto& v : hx) {
+            float f = round_bf(u(rng));
+            uint32_t w;
+            memcpy(&w, &f, 4);
+            v = uint16_t(w >> 16);
+        }
+        CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    }
+    __nv_bfloat16* out;
+    CK(cudaMalloc(&out, size_t(32) * 128256 * 2));
+    float* partial;
+    uint32_t* counters;
+    CK(cudaMalloc(&partial, size_t(64) << 20));
+    CK(cudaMalloc(&counters, 1 << 20));
+    CK(cudaMemset(counters, 0, 1 << 20));
+    double *ref, *absr;
+    CK(cudaMalloc(&ref, size_t(32) * 128256 * 8));
+    CK(cudaMalloc(&absr, size_t(32) * 128256 * 8));
+    const float gs = 0.0123f;
+    int bad = 0;
+    printf("\n| shape | N x K | M | warps/split | packed us | packed GB/s | %% copy | old us | packed/old |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const Shape& s : shapes) {
+        Layer L = make_layer(s, rng);
+        const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
+        for (int m : {1, 4, 8, 16, 32}) {
+            const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
+            const auto [warps, split] = geometry(L.groups, L.npairs, occ_pg(nt, s.silu, 4), occ_pg(nt, s.silu, 8));
+            const int nout = s.silu ? s.n / 2 : s.n;
+            auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
+                const int c = i % int(L.codes.size());
+                PackedGemvParams p{L.pcodes[c], L.pscales[c], x, out, partial, counters, gs * 256.f, m, s.n, s.k, s.k,
+                                   L.half_pad, L.groups, sp_, L.npairs, 0};
+                cudaLaunchConfig_t cfg{};
+                cfg.gridDim = dim3(unsigned(L.groups * sp_));
+                cfg.blockDim = dim3(32 * wp_);
+                cfg.stream = st;
+                cudaLaunchAttribute at[1];
+                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                at[0].val.programmaticStreamSerializationAllowed = 1;
+                cfg.attrs = at;
+                cfg.numAttrs = 1;
+                CK(cudaLaunchKernelEx(&cfg, pg_fn(nt, s.silu), p));
+            };
+            // correctness (copy 0)
+            CK(cudaMemset(out, 0xff, size_t(m) * nout * 2));
+            pg_launch(0, 0, split, warps);
+            CK(cudaDeviceSynchronize());
+            ref_gemv<<<s.n, 128>>>(L.codes[0], L.scales[0], L.sp, x, m, s.n, s.k, gs, ref, absr);
+            CK(cudaDeviceSynchronize());
+            std::vector<uint16_t> hy(size_t(m) * nout);
+            std::vector<double> hr(size_t(m) * s.n), ha(size_t(m) * s.n);
+            CK(cudaMemcpy(hy.data(), out, hy.size() * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hr.data(), ref, hr.size() * 8, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(ha.data(), absr, ha.size() * 8, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (int t = 0; t < m; ++t)
+                for (int r = 0; r < nout; ++r) {
+                    const double y = bf(hy[size_t(t) * nout + r]);
+                    double want, tol;
+                    if (s.silu) {
+                        const double g = hr[size_t(t) * s.n + r], u = hr[size_t(t) * s.n + nout + r];
+                        const double gb = round_bf(float(g)), ub = round_bf(float(u));
+                        want = gb / (1 + exp(-gb)) * ub;
+                        tol = (fabs(want) + fabs(ub) * 1.1 * fabs(g) * 0.01 + 1e-30) * 0.02 +
+                              (ha[size_t(t) * s.n + r] + ha[size_t(t) * s.n + nout + r]) * 1e-6;
+                    } else {
+                        want = hr[size_t(t) * s.n + r];
+                        tol = fabs(want) * (1.0 / 256) + ha[size_t(t) * s.n + r] * s.k * 1.2e-7 + 1e-30;
+                    }
+                    const double e = fabs(y - want) / tol;
+                    if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : std::max(worst, e);
+                }
+            if (!(worst <= 1.0)) {
+                printf("FAIL %s m=%d: worst error / tolerance %.3g\n", s.name, m, worst);
+                ++bad;
+            }
+            const double tp = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, split, warps); });
+            int occ_o = 0;
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_o, (const void*)og_fn(nt, s.silu), 128, 0));
+            const int otiles = s.silu ? (s.n / 2 + 7) / 8 : (s.n + 15) / 16;
+            const double to = time_graph([&](cudaStream_t st, int i) {
+                const int c = i % int(L.codes.size());
+                GemvParams p{L.codes[c], L.scales[c], x, out, gs * 256.f, m, s.n, s.k, s.k, L.sp, otiles, 0};
+                og_fn(nt, s.silu)<<<unsigned(std::min(otiles, sms * std::max(occ_o, 1))), 128, 0, st>>>(p);
+            });
+            printf("| %s | %dx%d | %d | %d/%d | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, tp,
+                   wbytes / tp / 1e3, 100.0 * wbytes / tp / 1e3 / copy, to, to / tp);
+            if (sweep && (m == 1 || m == 8 || m == 16 || m == 32)) {
+                printf("    sweep m=%d:", m);
+                for (int wp_ : {4, 8})
+                    for (int sp_ = 1; sp_ <= 4; sp_ *= 2) {
+                        if (sp_ > 1 && L.npairs < wp_ * sp_) break;
+                        const double t2 = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, sp_, wp_); });
+                        printf(" w%d/s%d %.2f", wp_, sp_, t2);
+                    }
+                printf("  (groups %d, pairs %d, occ4 %d, occ8 %d)\n", L.groups, L.npairs, occ_pg(nt, s.silu, 4),
+                       occ_pg(nt, s.silu, 8));
+            }
+        }
+        free_layer(L);
+    }
+    printf("\n%s: %d failures\n", bad ? "FAILED" : "ok", bad);
+    return bad ? 1 : 0;
+}
