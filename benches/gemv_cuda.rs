@@ -1,5 +1,6 @@
-//! GPU GEMV benchmark (feature `cuda`): NVFP4 and BF16 GEMV vs candle's BF16 matmul
-//! (cuBLAS) on the same logical shapes, in the same run.
+//! GPU GEMV benchmark (feature `cuda`): the packed NVFP4 GEMV (what `QuantLinear` runs on
+//! a GPU) and the BF16 GEMV vs candle's BF16 matmul (cuBLAS on a resident BF16 weight) on
+//! the same logical shapes, in the same run; writes the tuned table it implies.
 //!
 //! * GPU time: CUDA events around CUDA-graph replays of R calls that rotate among weight
 //!   sets larger than L2 together (≥ 256 MiB); median over replays.
@@ -8,13 +9,16 @@
 //!   device-to-device copy bandwidth measured first in the same run.
 //! * A chain of dependent 4096×4096 NVFP4 GEMVs (each output is the next input) with
 //!   PDL on and off.
+//! * `CFP4_BENCH_OLD_SWEEP=1`: the cluster-split sweep of the ModelOpt-layout kernel.
 //!
 //! Run: `cargo bench --features cuda --bench gemv_cuda` (or the built binary with
 //! `--bench`); `CFP4_BENCH_QUICK=1` runs fewer shapes. Prints the summary table last.
 
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{bf16_gemv_with, nvfp4_gemv_with, GemvOptions};
+use candle_fp4::gemv::{
+    bf16_gemv_with, nvfp4_gemv_with, packed_nvfp4_gemv_planned, GemvOptions, PackedNvfp4,
+};
 use candle_fp4::nvfp4::swizzled_shape;
 use std::time::Instant;
 
@@ -126,6 +130,9 @@ struct Row {
     bf16_us: f64,
     bf16_pct: f64,
     mm_us: f64,
+    /// NVFP4's own matmul path: dequantize (packed → BF16) + cuBLAS, what `QuantLinear`
+    /// runs where the table says matmul.
+    dqmm_us: f64,
     fp4_vs_mm: f64,
     bf16_vs_mm: f64,
     fp4_wall: f64,
@@ -184,6 +191,15 @@ fn main() -> R<()> {
             (28672, 4096, true),
             (4096, 14336, false),
             (128256, 4096, false),
+            // Llama-3.1-70B: q|k|v, o, gate|up, down, and their tensor-parallel-2 shards.
+            (10240, 8192, false),
+            (8192, 8192, false),
+            (57344, 8192, true),
+            (8192, 28672, false),
+            (5120, 8192, false),
+            (8192, 4096, false),
+            (28672, 8192, true),
+            (8192, 14336, false),
         ]
     };
     let ms_list = [1usize, 2, 4, 8, 16, 32];
@@ -194,11 +210,11 @@ fn main() -> R<()> {
         let bf16_bytes = n * k * 2;
         let sets_fp4 = (256usize << 20).div_ceil(fp4_bytes).clamp(2, 64);
         let sets_bf16 = (256usize << 20).div_ceil(bf16_bytes).clamp(2, 16);
-        let mut codes = Vec::new();
-        let mut scales = Vec::new();
+        let mut packed = Vec::new();
         for _ in 0..sets_fp4 {
-            codes.push(Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)?);
-            scales.push(Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)?);
+            let c = Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)?;
+            let s = Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)?;
+            packed.push(PackedNvfp4::pack(&c, &s, 0.01)?);
         }
         let mut wb = Vec::new();
         for _ in 0..sets_bf16 {
@@ -213,15 +229,20 @@ fn main() -> R<()> {
             };
             let calls_fp4 = (sets_fp4 * 4).max(32);
             let calls_bf16 = (sets_bf16 * 4).max(32);
-            let fp4 = |i: usize| {
-                nvfp4_gemv_with(&x, &codes[i % sets_fp4], &scales[i % sets_fp4], 0.01, &opts)
-                    .map(|_| ())
-            };
+            // One plan serves every set: it holds the layout and geometry, not the weight.
+            let plan = packed[0].plan(silu, m, true)?;
+            let fp4 =
+                |i: usize| packed_nvfp4_gemv_planned(&x, &packed[i % sets_fp4], &plan).map(|_| ());
             let bf = |i: usize| bf16_gemv_with(&x, &wb[i % sets_bf16], &opts).map(|_| ());
             let mm = |i: usize| x.matmul(&wb[i % sets_bf16].t()?).map(|_| ());
+            let dqmm = |i: usize| {
+                let w = packed[i % sets_fp4].dequantize_bf16()?;
+                x.matmul(&w.t()?).map(|_| ())
+            };
             let fp4_ms = gpu_time(&dev, calls_fp4, 15, fp4)?;
             let bf16_ms = gpu_time(&dev, calls_bf16, 15, bf)?;
             let mm_ms = gpu_time(&dev, calls_bf16, 15, mm)?;
+            let dqmm_ms = gpu_time(&dev, calls_fp4.min(64), 9, dqmm)?;
             let fp4_wall = wall_time(&dev, 200, fp4)?;
             let mm_wall = wall_time(&dev, 200, mm)?;
             let n_out = if silu { n / 2 } else { n };
@@ -240,6 +261,7 @@ fn main() -> R<()> {
                 bf16_us: bf16_ms * 1e3,
                 bf16_pct: 100.0 * bf16_gbs / copy,
                 mm_us: mm_ms * 1e3,
+                dqmm_us: dqmm_ms * 1e3,
                 fp4_vs_mm: mm_ms / fp4_ms,
                 bf16_vs_mm: mm_ms / bf16_ms,
                 fp4_wall,
@@ -252,13 +274,18 @@ fn main() -> R<()> {
             rows.push(row);
         }
     }
-    // Variant sweep: cluster split, NVFP4, a few shapes.
+    // Variant sweep of the ModelOpt-layout kernel: cluster split, a few shapes.
     let mut sweep = Vec::new();
-    for &(n, k, silu) in &[
-        (4096usize, 4096usize, false),
-        (28672, 4096, true),
-        (128256, 4096, false),
-    ] {
+    let old_sweep: &[(usize, usize, bool)] = if std::env::var("CFP4_BENCH_OLD_SWEEP").is_ok() {
+        &[
+            (4096, 4096, false),
+            (28672, 4096, true),
+            (128256, 4096, false),
+        ]
+    } else {
+        &[]
+    };
+    for &(n, k, silu) in old_sweep {
         let (np, sp) = swizzled_shape(n, k / 16);
         let fp4_bytes = n * k / 2 + np * sp;
         let sets = (256usize << 20).div_ceil(fp4_bytes).clamp(2, 64);
@@ -299,41 +326,38 @@ fn main() -> R<()> {
     let (n, k) = (4096, 4096);
     let (np, sp) = swizzled_shape(n, k / 16);
     let sets = 32;
-    let codes: Vec<Tensor> = (0..sets)
-        .map(|_| Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8))
-        .collect::<R<_>>()?;
-    let scales: Vec<Tensor> = (0..sets)
-        .map(|_| Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8))
+    let packed: Vec<PackedNvfp4> = (0..sets)
+        .map(|_| {
+            let c = Tensor::rand(0f32, 255.99, (n, k / 2), &dev)?.to_dtype(DType::U8)?;
+            let s = Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)?;
+            PackedNvfp4::pack(&c, &s, 1e-3)
+        })
         .collect::<R<_>>()?;
     let x0 = Tensor::randn(0f32, 1.0, (1, k), &dev)?.to_dtype(DType::BF16)?;
     let mut chain = Vec::new();
     for pdl in [false, true] {
+        let plan = packed[0].plan(false, 1, pdl)?;
         let ms = gpu_time(&dev, 1, 15, |_| {
             let mut y = x0.clone();
             for i in 0..128 {
-                y = nvfp4_gemv_with(
-                    &y,
-                    &codes[i % sets],
-                    &scales[i % sets],
-                    1e-3,
-                    &GemvOptions::new(false, pdl),
-                )?;
+                y = packed_nvfp4_gemv_planned(&y, &packed[i % sets], &plan)?;
             }
             Ok(())
         })?;
         chain.push((pdl, ms * 1e3 / 128.0));
     }
 
-    println!("\n| shape | M | NVFP4 µs | NVFP4 GB/s | % copy | BF16 GEMV µs | % copy | matmul µs | NVFP4 vs matmul | BF16 vs matmul | wall NVFP4 µs | wall matmul µs |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| shape | M | NVFP4 µs | NVFP4 GB/s | % copy | BF16 GEMV µs | % copy | matmul µs | dequant+matmul µs | NVFP4 vs matmul | BF16 vs matmul | wall NVFP4 µs | wall matmul µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.2} | {:.0} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2}x | {:.2}x | {:.1} | {:.1} |",
-            r.shape, r.m, r.fp4_us, r.fp4_gbs, r.fp4_pct, r.bf16_us, r.bf16_pct, r.mm_us, r.fp4_vs_mm, r.bf16_vs_mm, r.fp4_wall, r.mm_wall
+            "| {} | {} | {:.2} | {:.0} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2} | {:.2}x | {:.2}x | {:.1} | {:.1} |",
+            r.shape, r.m, r.fp4_us, r.fp4_gbs, r.fp4_pct, r.bf16_us, r.bf16_pct, r.mm_us, r.dqmm_us, r.fp4_vs_mm, r.bf16_vs_mm, r.fp4_wall, r.mm_wall
         );
     }
     // Tuned table from this run: nt is listed when the GEMV's geometric-mean speedup over
-    // candle's matmul, across the measured M it serves (nt 1: M 1..8, 2: 16, 4: 32), is > 1.
+    // the layer's matmul path, across the measured M it serves (nt 1: M 1..8, 2: 16,
+    // 4: 32), is > 1.
     let mut entries = Vec::new();
     for bf16 in [false, true] {
         let mut seen = Vec::new();
@@ -347,7 +371,14 @@ fn main() -> R<()> {
                 let sp: Vec<f64> = rows
                     .iter()
                     .filter(|q| (q.n, q.k, q.silu) == (r.n, r.k, r.silu) && q.m >= lo && q.m <= hi)
-                    .map(|q| if bf16 { q.bf16_vs_mm } else { q.fp4_vs_mm })
+                    // NVFP4 against its own matmul path (dequantize + cuBLAS).
+                    .map(|q| {
+                        if bf16 {
+                            q.bf16_vs_mm
+                        } else {
+                            q.dqmm_us / q.fp4_us
+                        }
+                    })
                     .collect();
                 if !sp.is_empty() && sp.iter().map(|v| v.ln()).sum::<f64>() / sp.len() as f64 > 0.0
                 {
@@ -363,7 +394,7 @@ fn main() -> R<()> {
         }
     }
     let table = format!(
-        "{{\n  \"arch\": \"sm90\",\n  \"device\": \"NVIDIA H200\",\n  \"measured\": \"benches/gemv_cuda.rs, copy {copy:.0} GB/s; rule: nt listed when the geometric-mean speedup over candle matmul at the M it serves is > 1\",\n  \"entries\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"arch\": \"sm90\",\n  \"device\": \"NVIDIA H200\",\n  \"measured\": \"benches/gemv_cuda.rs, copy {copy:.0} GB/s; rule: nt listed when the geometric-mean speedup at the M it serves is > 1 over the matmul path the layer would run instead (NVFP4: packed dequantize + cuBLAS; BF16: cuBLAS)\",\n  \"entries\": [\n{}\n  ]\n}}\n",
         entries.join(",\n")
     );
     if let Ok(out) = std::env::var("OUT") {

@@ -182,10 +182,43 @@ pub(crate) struct PackedDequantParams {
     pub pad: i32,
 }
 
+/// `QkvRopeParams` of `kernels/rope.cuh` (fused q|k|v rotary embedding).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QkvRopeParams {
+    pub qkv: u64,
+    pub positions: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub out: u64,
+    pub batch: i32,
+    pub rot_heads: i32,
+    pub heads: i32,
+    pub d: i32,
+    pub max_pos: i32,
+    pub pad: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
+
+    /// Offsets written in kernels/rope.cuh's comments.
+    #[test]
+    fn qkv_rope_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(QkvRopeParams, qkv), 0);
+        assert_eq!(offset_of!(QkvRopeParams, positions), 8);
+        assert_eq!(offset_of!(QkvRopeParams, cos), 16);
+        assert_eq!(offset_of!(QkvRopeParams, sin), 24);
+        assert_eq!(offset_of!(QkvRopeParams, out), 32);
+        assert_eq!(offset_of!(QkvRopeParams, batch), 40);
+        assert_eq!(offset_of!(QkvRopeParams, rot_heads), 44);
+        assert_eq!(offset_of!(QkvRopeParams, heads), 48);
+        assert_eq!(offset_of!(QkvRopeParams, d), 52);
+        assert_eq!(offset_of!(QkvRopeParams, max_pos), 56);
+        assert_eq!(size_of::<QkvRopeParams>(), 64);
+    }
 
     /// Offsets written in kernels/gemv_packed.cuh's comments.
     #[test]

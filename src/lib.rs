@@ -12,6 +12,8 @@
 //!   (or BF16) layers and dispatches between GEMV and matmul.
 //! * [`ultraquant`]: the UltraQuant FP4 KV-cache format (E2M1 + UE8M0 per 32, K
 //!   Walsh–Hadamard rotated).
+//! * [`rope`]: rotary embedding fused over a `q|k|v` projection at device-side positions
+//!   (the decode step's one kernel for it).
 //! * [`kv_cache`]: per-layer KV caches (UltraQuant FP4 or BF16, one enum) with decode
 //!   attention (CPU reference, CUDA split-KV flash decoding).
 
@@ -26,6 +28,7 @@ mod layout;
 pub mod nvfp4;
 pub mod quant_config;
 pub mod quant_linear;
+pub mod rope;
 pub mod tables;
 pub mod ultraquant;
 /// The one list of compiled kernel variants and kernel images: GEMV token tiles and cluster

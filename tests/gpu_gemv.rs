@@ -13,8 +13,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::gemv::{bf16_gemv_with, nvfp4_gemv_with, GemvOptions, KernelImage};
-use candle_fp4::nvfp4::{dequantize_rows, swizzled_shape};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use candle_fp4::nvfp4::dequantize_rows;
+use rand::{rngs::StdRng, SeedableRng};
 
 mod gemv_gpu_common;
 use gemv_gpu_common::{abs_dot, check, gpu, layer, rand_x, R};

@@ -157,7 +157,6 @@ fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row
             );
         }
     }
-    drop(put);
     bytes -= 2 * v * h; // the embedding is gathered, not read whole
     w.insert(
         "model.norm.weight".into(),
@@ -169,9 +168,8 @@ fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row
     let prompt = Tensor::new(vec![1u32; ctx - 1], dev)?.unsqueeze(0)?;
     let logits = model.forward(&prompt, 0, &mut cache)?;
     let mut tok = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?[0];
-    let mut pos = ctx - 1;
     let mut t = vec![];
-    for i in 0..STEPS + 6 {
+    for (i, pos) in (0..STEPS + 6).zip(ctx - 1..) {
         let s = Instant::now();
         let x = Tensor::new(&[tok], dev)?.unsqueeze(0)?;
         let logits = model.forward(&x, pos, &mut cache)?;
@@ -179,7 +177,6 @@ fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row
         if i >= 6 {
             t.push(s.elapsed());
         }
-        pos += 1;
     }
     let kv = 2 * 2 * cfg.num_hidden_layers * kvd * ctx;
     Ok(Row {

@@ -3,6 +3,7 @@
 
 use crate::config::{LlamaConfig, RopeScaling};
 use candle_core::{DType, Device, Result, Tensor};
+use candle_fp4::rope::QkvRope;
 
 /// The inverse frequencies `1 / theta^(2i/d)`, `i < d/2`, computed in FP32 as
 /// transformers does, then scaled.
@@ -49,6 +50,8 @@ pub fn inv_freq(cfg: &LlamaConfig) -> Vec<f32> {
 pub struct Rope {
     cos: Tensor,
     sin: Tensor,
+    /// BF16 tables: the decode step's fused q|k|v rope (one kernel on a GPU).
+    fused: Option<QkvRope>,
 }
 
 impl Rope {
@@ -80,7 +83,24 @@ impl Rope {
         }
         let cos = Tensor::from_vec(cos, (max_len, h), device)?.to_dtype(dtype)?;
         let sin = Tensor::from_vec(sin, (max_len, h), device)?.to_dtype(dtype)?;
-        Ok(Self { cos, sin })
+        let fused = if dtype == DType::BF16 && cfg.head_dim.is_multiple_of(2) {
+            Some(QkvRope::new(
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                &cos,
+                &sin,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self { cos, sin, fused })
+    }
+
+    /// The fused q|k|v rope of the decode step (BF16 tables only): bit-identical to
+    /// [`apply_at`](Self::apply_at) on the split heads.
+    pub fn fused(&self) -> Option<&QkvRope> {
+        self.fused.as_ref()
     }
 
     /// Rotates `x` `[1, heads, t, head_dim]` (contiguous) for positions `pos..pos + t`.

@@ -192,16 +192,23 @@ static int occ_pg(int nt, bool silu, int warps) {
 
 // The library's rule (src/gemv/packed/geometry.rs, packed_geometry), restated for the
 // harness: (warps, split).
-static std::pair<int, int> geometry(int groups, int npairs, int occ4, int occ8) {
-    auto cost = [&](int w, int occ) {
-        const int waves = (groups + sms * std::max(occ, 1) - 1) / (sms * std::max(occ, 1));
-        return double(waves) * double((npairs + w - 1) / w) * (w == 8 ? 1.1 : 1.0);
-    };
-    const int warps = cost(8, occ8) < cost(4, occ4) ? 8 : 4;
+static std::pair<int, int> geometry(int groups, int npairs, const int* occ) {
+    int warps = 4;
+    double best = 1e300;
+    for (int w = 2; w <= 8; ++w) {
+        if (occ[w] == 0) continue;
+        const int slots = std::max(sms * occ[w], 1);
+        const int waves = (groups + slots - 1) / slots;
+        const double c = double(waves) * double((npairs + w - 1) / w + 2) * (1.0 + w / 80.0);
+        if (c < best) {
+            best = c;
+            warps = w;
+        }
+    }
     int split = 1;
     if (warps == 8 && 2 * groups <= sms)
         for (int s : {4, 2})
-            if (groups * s <= sms * std::max(occ8, 1) && npairs >= 8 * s) {
+            if (groups * s <= sms * std::max(occ[8], 1) && npairs >= 8 * s) {
                 split = s;
                 break;
             }
@@ -316,7 +323,9 @@ int main(int argc, char** argv) {
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
         for (int m : {1, 4, 8, 16, 32}) {
             const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
-            const auto [warps, split] = geometry(L.groups, L.npairs, occ_pg(nt, s.silu, 4), occ_pg(nt, s.silu, 8));
+            int occ[9] = {0};
+            for (int w = 2; w <= 8; ++w) occ[w] = occ_pg(nt, s.silu, w);
+            const auto [warps, split] = geometry(L.groups, L.npairs, occ);
             const int nout = s.silu ? s.n / 2 : s.n;
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
@@ -377,16 +386,13 @@ int main(int argc, char** argv) {
             });
             printf("| %s | %dx%d | %d | %d/%d | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, tp,
                    wbytes / tp / 1e3, 100.0 * wbytes / tp / 1e3 / copy, to, to / tp);
-            if (sweep && (m == 1 || m == 8 || m == 16 || m == 32)) {
+            if (sweep && (m == 1 || m == 8)) {
                 printf("    sweep m=%d:", m);
-                for (int wp_ : {4, 8})
-                    for (int sp_ = 1; sp_ <= 4; sp_ *= 2) {
-                        if (sp_ > 1 && L.npairs < wp_ * sp_) break;
-                        const double t2 = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, sp_, wp_); });
-                        printf(" w%d/s%d %.2f", wp_, sp_, t2);
-                    }
-                printf("  (groups %d, pairs %d, occ4 %d, occ8 %d)\n", L.groups, L.npairs, occ_pg(nt, s.silu, 4),
-                       occ_pg(nt, s.silu, 8));
+                for (int wp_ : {2, 3, 4, 5, 6, 8}) {
+                    const double t2 = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, 1, wp_); });
+                    printf(" w%d(o%d) %.2f", wp_, occ_pg(nt, s.silu, wp_), t2);
+                }
+                printf("  (groups %d, pairs %d)\n", L.groups, L.npairs);
             }
         }
         free_layer(L);

@@ -25,7 +25,7 @@ pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 pub use options::GemvPlan;
 pub(crate) use options::Plan;
 pub use options::{GemvOptions, KernelImage};
-pub use packed::{packed_nvfp4_gemv, PackedNvfp4};
+pub use packed::{packed_nvfp4_gemv, packed_nvfp4_gemv_planned, PackedGemvPlan, PackedNvfp4};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use candle_core::{

@@ -149,14 +149,27 @@ impl Attention {
         let b = x.dim(0)?;
         let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
         let qkv = self.qkv.forward(x)?;
-        let heads = |start: usize, n: usize| -> candle_core::Result<Tensor> {
-            qkv.narrow(1, start * hd, n * hd)?
-                .reshape((b, n, 1, hd))?
-                .contiguous()
+        let (q, k, v) = match self.rope.fused() {
+            // One kernel: q and k rotated, v copied, [b, nh + 2·nkv, hd].
+            Some(f) if qkv.dtype() == DType::BF16 => {
+                let r = f.forward(&qkv, positions)?;
+                (
+                    r.narrow(1, 0, nh)?,
+                    r.narrow(1, nh, nkv)?,
+                    r.narrow(1, nh + nkv, nkv)?,
+                )
+            }
+            _ => {
+                let heads = |start: usize, n: usize| -> candle_core::Result<Tensor> {
+                    qkv.narrow(1, start * hd, n * hd)?
+                        .reshape((b, n, 1, hd))?
+                        .contiguous()
+                };
+                let q = self.rope.apply_at(&heads(0, nh)?, positions)?;
+                let k = self.rope.apply_at(&heads(nh, nkv)?, positions)?;
+                (q, k, heads(nh + nkv, nkv)?)
+            }
         };
-        let q = self.rope.apply_at(&heads(0, nh)?, positions)?;
-        let k = self.rope.apply_at(&heads(nh, nkv)?, positions)?;
-        let v = heads(nh + nkv, nkv)?;
         let y = cache.decode_batch(
             &k.reshape((b, nkv, hd))?,
             &v.reshape((b, nkv, hd))?,

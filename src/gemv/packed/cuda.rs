@@ -3,7 +3,7 @@
 //! the kernel, its geometry and its split-K workspace once per layer and token tile, so
 //! that [`forward`] only checks the storages and launches.
 
-use super::geometry::packed_geometry;
+use super::geometry::{packed_geometry, PACKED_WARPS};
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, KernelFile, Launch};
 use crate::kernel_params::{PackParams, PackedDequantParams, PackedGemvParams};
@@ -186,14 +186,14 @@ pub(crate) fn plan(
     let loaded = module(dev, KernelFile::GemvPacked, fa.image)?;
     let name = pgemv_kernel_name(silu_mul, nt);
     let (f, _) = loaded.function(&name)?;
-    let occ = |warps: u32| -> Result<usize> {
-        let o = f
-            .occupancy_max_active_blocks_per_multiprocessor(32 * warps, 0, None)
-            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))?;
-        Ok(o as usize)
-    };
+    let mut occ = [0usize; 9];
+    for w in PACKED_WARPS {
+        occ[w] = f
+            .occupancy_max_active_blocks_per_multiprocessor(32 * w as u32, 0, None)
+            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))? as usize;
+    }
     let groups = l.groups(silu_mul);
-    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, occ(4)?, occ(8)?);
+    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
     let ctas = groups * split;
     if ctas > i32::MAX as usize {
         bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");

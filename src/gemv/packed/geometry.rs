@@ -1,31 +1,44 @@
 //! The launch geometry rule of the packed GEMV (pure; the CUDA planner calls it once per
 //! layer and token tile).
 
+/// Warp counts the planner considers for one CTA (the kernel takes 1..=8).
+pub const PACKED_WARPS: std::ops::RangeInclusive<usize> = 2..=8;
+
 /// Warps per CTA and K split of the packed GEMV for `groups` work groups of `npairs`
-/// 128-wide K steps on `sms` SMs, where `occ4` / `occ8` CTAs of 4 / 8 warps fit on one
-/// SM. Pure: the planner calls it once per layer and token tile.
+/// 128-wide K steps on `sms` SMs, where `occ[w]` CTAs of `w` warps fit on one SM
+/// (entries past the slice count as 0). Pure: the planner calls it once per layer and
+/// token tile.
 ///
-/// Waves of CTAs times the K steps each warp walks, 8-warp CTAs charged 10 % for their
-/// longer reduction (ties go to 4 warps); measured on the H200 over the Llama-3.1-8B / 70B
-/// and SmolLM2 shapes (docs/benchmarks.md, tenth session). A K split (partial sums
-/// through global memory, ~2–3 µs of latency) only pays for very few groups with long K.
-pub fn packed_geometry(
-    groups: usize,
-    npairs: usize,
-    sms: usize,
-    occ4: usize,
-    occ8: usize,
-) -> (usize, usize) {
-    let cost = |w: usize, occ: usize| -> f64 {
-        let waves = groups.div_ceil((sms * occ.max(1)).max(1));
-        let per_warp = npairs.div_ceil(w);
-        (waves * per_warp) as f64 * if w == 8 { 1.1 } else { 1.0 }
+/// Estimated time = waves of CTAs × (K steps per warp + 2 steps of fixed cost per CTA) ×
+/// (1 + w/80) for the longer reduction of wider CTAs; the smallest wins (ties: fewer
+/// warps). This picks the measured-best warp count (or one within 5 % of it) on every
+/// Llama-3.1-8B / 70B and SmolLM2 shape of the H200 sweep (docs/benchmarks.md, tenth
+/// session): the waves term is what makes a 384-tile layer want 5 warps (3 CTAs per SM
+/// cover it in one wave) and a 640-tile one 3. A K split (partial sums through global
+/// memory, 2–3 µs of latency) only pays for very few groups with long K.
+pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) -> (usize, usize) {
+    let occ_of = |w: usize| occ.get(w).copied().unwrap_or(0);
+    let cost = |w: usize| -> f64 {
+        let slots = (sms * occ_of(w)).max(1);
+        let waves = groups.div_ceil(slots);
+        (waves * (npairs.div_ceil(w) + 2)) as f64 * (1.0 + w as f64 / 80.0)
     };
-    let warps = if cost(8, occ8) < cost(4, occ4) { 8 } else { 4 };
+    let mut warps = 4;
+    let mut best = f64::INFINITY;
+    for w in PACKED_WARPS {
+        if occ_of(w) == 0 {
+            continue;
+        }
+        let c = cost(w);
+        if c < best {
+            best = c;
+            warps = w;
+        }
+    }
     let mut split = 1;
     if warps == 8 && 2 * groups <= sms {
         for s in [4, 2] {
-            if groups * s <= sms * occ8.max(1) && npairs >= 8 * s {
+            if groups * s <= sms * occ_of(8).max(1) && npairs >= 8 * s {
                 split = s;
                 break;
             }
@@ -38,22 +51,32 @@ pub fn packed_geometry(
 mod tests {
     use super::*;
 
+    /// CTAs per SM of the H200 nt = 1 kernel by warps (ptxas: 106 registers, 128 cap).
+    const H200: [usize; 9] = [0, 16, 8, 5, 4, 3, 2, 2, 2];
+
     #[test]
     fn geometry_rule_on_the_measured_shapes() {
-        // (groups, pairs) -> (warps, split) on 132 SMs, 4 / 2 CTAs of 4 / 8 warps.
-        let g = |groups, pairs| packed_geometry(groups, pairs, 132, 4, 2);
-        assert_eq!(g(384, 32), (4, 1)); // 8B qkv
-        assert_eq!(g(256, 32), (8, 1)); // 8B o
-        assert_eq!(g(896, 32), (4, 1)); // 8B gate|up
-        assert_eq!(g(256, 112), (8, 1)); // 8B down
-        assert_eq!(g(8016, 32), (4, 1)); // 8B lm_head
-        assert_eq!(g(640, 64), (8, 1)); // 70B qkv
-        assert_eq!(g(512, 224), (4, 1)); // 70B down
-        assert_eq!(g(36, 5), (8, 1)); // SmolLM2 o
-        assert_eq!(g(3072, 5), (4, 1)); // SmolLM2 lm_head
-        assert_eq!(g(64, 32), (8, 4)); // few groups, long K
-        assert_eq!(g(36, 12), (8, 1));
-        // degenerate inputs do not divide by zero
-        assert_eq!(packed_geometry(1, 1, 0, 0, 0).1, 1);
+        let g = |groups, pairs| packed_geometry(groups, pairs, 132, &H200);
+        // (groups, K steps) -> measured best of 2..=8 warps, m = 1 (tenth session sweep)
+        assert_eq!(g(384, 32), (5, 1)); // 8B qkv: w5 7.15 µs, w4 7.79
+        assert_eq!(g(256, 32), (8, 1)); // 8B o: w8 5.43
+        assert_eq!(g(896, 32), (2, 1)); // 8B gate|up: w2 23.03, w4 23.81
+        assert_eq!(g(256, 112), (8, 1)); // 8B down: w8 13.71
+        assert_eq!(g(8016, 32), (2, 1)); // 8B lm_head: w2 93.6, w4 99.5
+        assert_eq!(g(640, 64), (3, 1)); // 70B qkv: w3 18.47, w8 22.45
+        assert_eq!(g(512, 64), (4, 1)); // 70B o: w4 14.74
+        assert_eq!(g(512, 224), (4, 1)); // 70B down: w4 45.86
+        assert_eq!(g(60, 5), (5, 1)); // SmolLM2 qkv: w5 1.94
+        assert_eq!(g(36, 12), (6, 1)); // SmolLM2 down: w6 2.45
+        assert_eq!(g(3072, 5), (2, 1)); // SmolLM2 lm_head: w2 10.20, w4 12.83
+        assert_eq!(g(64, 32), (8, 4)); // few groups, long K: the split
+                                       // 70B gate|up: w2 79.9 µs, best w3 78.9 (within 2 %)
+        assert_eq!(g(1792, 64).0, 2);
+    }
+
+    #[test]
+    fn degenerate_inputs_do_not_divide_by_zero() {
+        assert_eq!(packed_geometry(1, 1, 0, &[]), (4, 1));
+        assert_eq!(packed_geometry(0, 0, 132, &H200).1, 1);
     }
 }

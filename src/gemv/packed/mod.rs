@@ -17,7 +17,7 @@ pub(crate) mod cuda;
 mod geometry;
 mod layout;
 
-pub use geometry::packed_geometry;
+pub use geometry::{packed_geometry, PACKED_WARPS};
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
 };
@@ -337,6 +337,69 @@ pub fn packed_nvfp4_gemv(x: &Tensor, w: &PackedNvfp4, silu_mul: bool, pdl: bool)
         pdl,
         #[cfg(feature = "cuda")]
         plan: None,
+    };
+    packed_gemv_with(x, w, op)
+}
+
+/// A packed GEMV launch planned once for one weight, epilogue and token tile (CUDA):
+/// what [`QuantLinear`](crate::quant_linear::QuantLinear) keeps, for benchmarks and
+/// callers that hold a [`PackedNvfp4`] themselves. On the CPU it carries nothing.
+#[derive(Debug, Clone)]
+pub struct PackedGemvPlan {
+    silu_mul: bool,
+    max_m: usize,
+    #[cfg(feature = "cuda")]
+    plan: Option<std::sync::Arc<cuda::PackedPlan>>,
+}
+
+impl PackedNvfp4 {
+    /// Plans the GEMV of this weight for up to `max_m` tokens (≤ 32) with or without
+    /// the `silu_mul` epilogue; `pdl`: programmatic dependent launch (CUDA).
+    pub fn plan(&self, silu_mul: bool, max_m: usize, pdl: bool) -> Result<PackedGemvPlan> {
+        if max_m == 0 || max_m > MAX_M {
+            bail!("PackedNvfp4::plan: max_m = {max_m} is outside 1..={MAX_M}");
+        }
+        #[cfg(feature = "cuda")]
+        if let candle_core::Device::Cuda(d) = self.device() {
+            let nt = cuda::tile_for(max_m);
+            let p = cuda::plan(d, &self.layout, silu_mul, nt, pdl)?;
+            return Ok(PackedGemvPlan {
+                silu_mul,
+                max_m: 8 * nt,
+                plan: Some(std::sync::Arc::new(p)),
+            });
+        }
+        let _ = pdl;
+        Ok(PackedGemvPlan {
+            silu_mul,
+            max_m,
+            #[cfg(feature = "cuda")]
+            plan: None,
+        })
+    }
+}
+
+/// [`packed_nvfp4_gemv`] launching a plan made by [`PackedNvfp4::plan`] (its epilogue).
+pub fn packed_nvfp4_gemv_planned(
+    x: &Tensor,
+    w: &PackedNvfp4,
+    plan: &PackedGemvPlan,
+) -> Result<Tensor> {
+    if x.dims().first().is_some_and(|&m| m > plan.max_m) {
+        bail!(
+            "packed_nvfp4_gemv: the plan serves up to {} tokens, x has {:?}",
+            plan.max_m,
+            x.dims()
+        );
+    }
+    let op = PackedGemv {
+        layout: w.layout,
+        global_scale: w.global_scale,
+        hw: w.hw,
+        silu_mul: plan.silu_mul,
+        pdl: false,
+        #[cfg(feature = "cuda")]
+        plan: plan.plan.clone(),
     };
     packed_gemv_with(x, w, op)
 }
