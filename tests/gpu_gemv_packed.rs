@@ -10,7 +10,7 @@
 mod gemv_gpu_common;
 
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{packed_nvfp4_gemv, PackedNvfp4};
+use candle_fp4::gemv::{packed_nvfp4_gemv, packed_nvfp4_gemv_planned, KernelImage, PackedNvfp4};
 use candle_fp4::nvfp4::dequantize_rows;
 use gemv_gpu_common::{abs_dot, check, gpu, layer, rand_x, R};
 use rand::{rngs::StdRng, SeedableRng};
@@ -81,6 +81,18 @@ fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<()> {
                     "{what}: a second call differs (split-K state not reset?)"
                 );
             }
+            // The sm_80 code (what A100 / RTX 40xx run), JIT-compiled from its PTX here.
+            let plan = pg.plan_with_image(silu, m, false, KernelImage::Sm80)?;
+            let y80 = packed_nvfp4_gemv_planned(&xg, &pg, &plan)?;
+            check(
+                &format!("packed sm80 {n}x{k} m={m} silu={silu}"),
+                &y80,
+                &pre,
+                &absd,
+                k,
+                silu,
+                false,
+            )?;
             // The CPU op (unpack, then the CPU GEMV) meets the same bound.
             let yc = packed_nvfp4_gemv(&x, &pc, silu, false)?;
             check(

@@ -5,7 +5,7 @@
 
 use super::geometry::{packed_geometry, PACKED_WARPS};
 use super::layout::PackedLayout;
-use crate::cuda::{cuda_err, facts, launch, module, KernelFile, Launch};
+use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::{PackParams, PackedDequantParams, PackedGemvParams};
 use crate::layout::contiguous_range;
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
@@ -168,13 +168,15 @@ pub(crate) struct PackedPlan {
 }
 
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
-/// queries: call it at load).
+/// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
+/// device's image.
 pub(crate) fn plan(
     dev: &CudaDevice,
     l: &PackedLayout,
     silu_mul: bool,
     nt: usize,
     pdl: bool,
+    sm80: bool,
 ) -> Result<PackedPlan> {
     if !PGEMV_NTS.contains(&nt) {
         bail!("packed NVFP4 GEMV: token tile {nt} is not one of {PGEMV_NTS:?}");
@@ -183,7 +185,8 @@ pub(crate) fn plan(
         bail!("packed NVFP4 GEMV: silu_mul needs an even N, got {}", l.n);
     }
     let fa = facts(dev)?;
-    let loaded = module(dev, KernelFile::GemvPacked, fa.image)?;
+    let image = if sm80 { Image::Compute80Ptx } else { fa.image };
+    let loaded = module(dev, KernelFile::GemvPacked, image)?;
     let name = pgemv_kernel_name(silu_mul, nt);
     let (f, _) = loaded.function(&name)?;
     let mut occ = [0usize; 9];
@@ -213,7 +216,7 @@ pub(crate) fn plan(
             grid: (ctas as u32, 1, 1),
             block: 32 * warps as u32,
             cluster: 1,
-            pdl: pdl && fa.image.has_sm90_features(),
+            pdl: pdl && image.has_sm90_features(),
             smem: 0,
         },
         layout: *l,

@@ -24,6 +24,7 @@ pub use layout::{
 
 use super::checks::{check_x, x_view, MAX_M};
 use super::cpu::{gemv_cpu, WeightRows};
+use super::options::KernelImage;
 use crate::nvfp4::{swizzle_blockscale_bytes, swizzled_shape, BLOCK_SIZE};
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
@@ -318,7 +319,14 @@ impl CustomOp3 for PackedGemv {
                 let m = l1.shape().dims2()?.0;
                 let nt = cuda::tile_for(m);
                 use candle_core::backend::BackendStorage;
-                let p = cuda::plan(s1.device(), &self.layout, self.silu_mul, nt, self.pdl)?;
+                let p = cuda::plan(
+                    s1.device(),
+                    &self.layout,
+                    self.silu_mul,
+                    nt,
+                    self.pdl,
+                    false,
+                )?;
                 cuda::forward(&p, self.global_scale, s1, l1, s2, l2, s3, l3)
             }
         }
@@ -356,13 +364,36 @@ impl PackedNvfp4 {
     /// Plans the GEMV of this weight for up to `max_m` tokens (≤ 32) with or without
     /// the `silu_mul` epilogue; `pdl`: programmatic dependent launch (CUDA).
     pub fn plan(&self, silu_mul: bool, max_m: usize, pdl: bool) -> Result<PackedGemvPlan> {
+        self.plan_with_image(silu_mul, max_m, pdl, KernelImage::Auto)
+    }
+
+    /// [`plan`](Self::plan) from a chosen kernel image: [`KernelImage::Sm80`] runs the
+    /// sm_80 code (A100 / RTX 40xx: no PDL) on this GPU, for tests. The weight must have
+    /// been packed in that image's nibble order (every image but sm_100a shares one).
+    pub fn plan_with_image(
+        &self,
+        silu_mul: bool,
+        max_m: usize,
+        pdl: bool,
+        image: KernelImage,
+    ) -> Result<PackedGemvPlan> {
         if max_m == 0 || max_m > MAX_M {
             bail!("PackedNvfp4::plan: max_m = {max_m} is outside 1..={MAX_M}");
+        }
+        if image == KernelImage::Sm80 && self.hw {
+            bail!("PackedNvfp4::plan: this weight is packed in the sm_100a nibble order, the sm_80 image reads the other");
         }
         #[cfg(feature = "cuda")]
         if let candle_core::Device::Cuda(d) = self.device() {
             let nt = cuda::tile_for(max_m);
-            let p = cuda::plan(d, &self.layout, silu_mul, nt, pdl)?;
+            let p = cuda::plan(
+                d,
+                &self.layout,
+                silu_mul,
+                nt,
+                pdl,
+                image == KernelImage::Sm80,
+            )?;
             return Ok(PackedGemvPlan {
                 silu_mul,
                 max_m: 8 * nt,
