@@ -26,11 +26,9 @@
 #include "gemv.cuh"
 #include "nvfp4_decode.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include "gemv_common.cuh"
+#if CFP4_SM90
 #include <cooperative_groups.h>
-#define CFP4_SM90 1
-#else
-#define CFP4_SM90 0
 #endif
 
 namespace {
@@ -39,39 +37,11 @@ constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
 constexpr int CHUNK = 128;
 
-__device__ __forceinline__ void griddep_wait() {
-#if CFP4_SM90
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if CFP4_SM90
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ uint2 ld_stream_v2(const void* p) {
-    uint2 v;
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using cfp4::griddep_launch_dependents;
+using cfp4::griddep_wait;
+using cfp4::ld_stream_v2;
+using cfp4::ld_stream_v4;
+using cfp4::mma_bf16;
 
 // Raw weight bytes of one chunk for rows g and g+8 (this thread's 32 k of each).
 template <bool FP4>

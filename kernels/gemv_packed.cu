@@ -39,13 +39,8 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "gemv_packed.cuh"
+#include "gemv_common.cuh"
 #include "nvfp4_decode.cuh"
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define CFP4_PDL 1
-#else
-#define CFP4_PDL 0
-#endif
 
 namespace {
 
@@ -63,38 +58,11 @@ constexpr uint32_t kScaleBase = uint32_t(kTBase << 7) * 0x10001u;
 // The decode's byte shift as a multiply-high (FMA pipe) instead of a shift (ALU pipe).
 constexpr bool kHiMul = CFP4_PGEMV_HIMUL != 0;
 
-__device__ __forceinline__ void griddep_wait() {
-#if CFP4_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if CFP4_PDL
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
-    uint32_t v;
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using cfp4::griddep_launch_dependents;
+using cfp4::griddep_wait;
+using cfp4::ld_stream_u32;
+using cfp4::ld_stream_v4;
+using cfp4::mma_bf16;
 
 // bf16x2 (s(r0), s(r1)) of chunk 2p + h from the pair's scale word.
 __device__ __forceinline__ uint32_t scale_regs(uint32_t w, int h) {
