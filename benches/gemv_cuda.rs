@@ -1,6 +1,7 @@
 //! GPU GEMV benchmark (feature `cuda`): the packed NVFP4 GEMV (what `QuantLinear` runs on
 //! a GPU) and the BF16 GEMV vs candle's BF16 matmul (cuBLAS on a resident BF16 weight) on
-//! the same logical shapes, in the same run; writes the tuned table it implies.
+//! the same logical shapes, in the same run (the tuned table comes from the `tune` binary of
+//! the models crate, which owns the rule).
 //!
 //! * GPU time: CUDA events around CUDA-graph replays of R calls that rotate among weight
 //!   sets larger than L2 together (≥ 256 MiB); median over replays.
@@ -119,9 +120,6 @@ fn copy_bandwidth(dev: &Device) -> R<f64> {
 }
 
 struct Row {
-    n: usize,
-    k: usize,
-    silu: bool,
     shape: String,
     m: usize,
     fp4_us: f64,
@@ -250,9 +248,6 @@ fn main() -> R<()> {
             let fp4_gbs = (fp4_bytes + io) as f64 / (fp4_ms * 1e-3) / 1e9;
             let bf16_gbs = (bf16_bytes + io) as f64 / (bf16_ms * 1e-3) / 1e9;
             let row = Row {
-                n,
-                k,
-                silu,
                 shape: format!("{n}x{k}{}", if silu { " silu" } else { "" }),
                 m,
                 fp4_us: fp4_ms * 1e3,
@@ -354,56 +349,6 @@ fn main() -> R<()> {
             "| {} | {} | {:.2} | {:.0} | {:.0}% | {:.2} | {:.0}% | {:.2} | {:.2} | {:.2}x | {:.2}x | {:.1} | {:.1} |",
             r.shape, r.m, r.fp4_us, r.fp4_gbs, r.fp4_pct, r.bf16_us, r.bf16_pct, r.mm_us, r.dqmm_us, r.fp4_vs_mm, r.bf16_vs_mm, r.fp4_wall, r.mm_wall
         );
-    }
-    // Tuned table from this run: nt is listed when the GEMV's geometric-mean speedup over
-    // the layer's matmul path, across the measured M it serves (nt 1: M 1..8, 2: 16,
-    // 4: 32), is > 1.
-    let mut entries = Vec::new();
-    for bf16 in [false, true] {
-        let mut seen = Vec::new();
-        for r in &rows {
-            if seen.contains(&(r.n, r.k, r.silu)) {
-                continue;
-            }
-            seen.push((r.n, r.k, r.silu));
-            let mut nts = Vec::new();
-            for (nt, lo, hi) in [(1usize, 1usize, 8usize), (2, 9, 16), (4, 17, 32)] {
-                let sp: Vec<f64> = rows
-                    .iter()
-                    .filter(|q| (q.n, q.k, q.silu) == (r.n, r.k, r.silu) && q.m >= lo && q.m <= hi)
-                    // NVFP4 against its own matmul path (dequantize + cuBLAS).
-                    .map(|q| {
-                        if bf16 {
-                            q.bf16_vs_mm
-                        } else {
-                            q.dqmm_us / q.fp4_us
-                        }
-                    })
-                    .collect();
-                if !sp.is_empty() && sp.iter().map(|v| v.ln()).sum::<f64>() / sp.len() as f64 > 0.0
-                {
-                    nts.push(nt);
-                }
-            }
-            if !nts.is_empty() {
-                entries.push(format!(
-                    "    {{ \"n\": {}, \"k\": {}, \"silu_mul\": {}, \"bf16\": {bf16}, \"nts\": {nts:?} }}",
-                    r.n, r.k, r.silu
-                ));
-            }
-        }
-    }
-    let table = format!(
-        "{{\n  \"arch\": \"sm90\",\n  \"device\": \"NVIDIA H200\",\n  \"measured\": \"benches/gemv_cuda.rs, copy {copy:.0} GB/s; rule: nt listed when the geometric-mean speedup at the M it serves is > 1 over the matmul path the layer would run instead (NVFP4: packed dequantize + cuBLAS; BF16: cuBLAS)\",\n  \"entries\": [\n{}\n  ]\n}}\n",
-        entries.join(",\n")
-    );
-    if let Ok(out) = std::env::var("OUT") {
-        let path = std::path::Path::new(&out).join("sm90.json");
-        std::fs::write(&path, &table)
-            .map_err(|e| err(format!("writing {}: {e}", path.display())))?;
-        println!("tuned table written to {}", path.display());
-    } else {
-        println!("{table}");
     }
     for (pdl, us) in chain {
         println!("chain 4096x4096 NVFP4 M=1, pdl={pdl}: {us:.2} us per GEMV");

@@ -26,7 +26,7 @@ pub const TABLES_ENV: &str = "CANDLE_FP4_TABLES";
 pub const NT_CHOICES: [usize; 3] = GEMV_NTS;
 
 /// One tuned shape.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TableEntry {
     /// Output features (for `silu_mul`, the fused `[gate | up]` row count).
     pub n: usize,
@@ -38,6 +38,10 @@ pub struct TableEntry {
     pub bf16: bool,
     /// Token tiles at which the GEMV was measured faster than matmul.
     pub nts: Vec<usize>,
+    /// The measured margin of each listed tile: geometric-mean speedup over the matmul
+    /// path across the M it serves (written by `tune`; absent in older tables).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub margins: Vec<f64>,
 }
 
 /// A tuned table for one architecture.

@@ -44,6 +44,7 @@ pub mod sampling;
 pub mod staging;
 pub mod tokenizer;
 mod tokenizer_json;
+pub mod tune;
 pub mod validate;
 
 pub use config::{LlamaConfig, RopeScaling};

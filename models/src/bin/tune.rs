@@ -1,0 +1,221 @@
+//! `tune`: writes the tuned table of the GPU it runs on (feature `cuda`).
+//!
+//! For every GEMV shape of the given models (`--config config.json`, repeatable, each also
+//! as its `--tp` shards) and of `--shapes NxK[s],...`, and every M in `--ms` (default
+//! 1..=32): the packed NVFP4 GEMV (the token tile planned for M, PDL on and off, the faster
+//! kept) against NVFP4's own matmul path (packed dequantize + cuBLAS), and the BF16 GEMV
+//! against cuBLAS on the BF16 weight; CUDA-graph replays of ≥ 32 calls rotating among
+//! weight sets totalling ≥ 256 MiB (larger than L2), median of 9. The table lists, per
+//! shape, the token tiles whose geometric-mean speedup across the M they serve is above 1,
+//! with that margin (`candle_fp4_models::tune::table_entry`); everything else runs the
+//! matmul. Load it with `CANDLE_FP4_TABLES=DIR` or commit it as `tables/<arch>.json`.
+//!
+//! ```sh
+//! tune --config llama-8b/config.json --config llama-70b/config.json --tp 2 --out sm90.json
+//! ```
+
+use anyhow::{bail, Context, Result};
+use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::{DType, Device, Tensor};
+use candle_fp4::gemv::{bf16_gemv_with, packed_nvfp4_gemv_planned, GemvOptions, PackedNvfp4};
+use candle_fp4::nvfp4::swizzled_shape;
+use candle_fp4::tables::TunedTable;
+use candle_fp4_models::config::LlamaConfig;
+use candle_fp4_models::tune::{gemv_shapes, parse_shapes, table_entry, GemvShape};
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(about = "Measure the GEMV against the matmul path on this GPU and write its tuned table")]
+struct Args {
+    /// A model's config.json (repeatable): its q|k|v, o, gate|up, down and lm_head shapes.
+    #[arg(long)]
+    config: Vec<PathBuf>,
+    /// Also each config's tensor-parallel shards of this size (1: whole layers only).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// More shapes, `NxK[s],...` (`s`: the silu_mul epilogue).
+    #[arg(long)]
+    shapes: Option<String>,
+    /// The M to measure, comma-separated (default 1..=32).
+    #[arg(long)]
+    ms: Option<String>,
+    /// Where to write the table (default: print it).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn err(e: impl std::fmt::Debug) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{e:?}"))
+}
+
+/// Median µs per call of `f` over 9 replays of a graph of `calls` calls.
+fn gpu_us(
+    dev: &Device,
+    calls: usize,
+    mut f: impl FnMut(usize) -> candle_core::Result<()>,
+) -> Result<f64> {
+    let Device::Cuda(d) = dev else {
+        bail!("tune runs on a CUDA device")
+    };
+    let st = d.cuda_stream();
+    for i in 0..calls.min(4) {
+        f(i)?;
+    }
+    dev.synchronize()?;
+    st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(err)?;
+    let mut res = Ok(());
+    for i in 0..calls {
+        if let Err(e) = f(i) {
+            res = Err(e);
+            break;
+        }
+    }
+    let graph = st
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(err)?;
+    res?;
+    let graph = graph.context("empty graph")?;
+    graph.launch().map_err(err)?;
+    let mut t = vec![];
+    for _ in 0..9 {
+        let a = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
+        graph.launch().map_err(err)?;
+        let b = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)?;
+        b.synchronize().map_err(err)?;
+        t.push(a.elapsed_ms(&b).map_err(err)? as f64 * 1e3 / calls as f64);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[4])
+}
+
+/// (m, GEMV µs, matmul-path µs) of NVFP4 and of BF16 for one shape.
+type Rows = Vec<(usize, f64, f64)>;
+
+fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
+    let (n, k) = (s.n, s.k);
+    let (np, sp) = swizzled_shape(n, k / 16);
+    let fp4_bytes = n * k / 2 + np * sp;
+    let sets4 = (256usize << 20).div_ceil(fp4_bytes).clamp(2, 64);
+    let sets16 = (256usize << 20).div_ceil(2 * n * k).clamp(2, 16);
+    let mut packed = vec![];
+    for _ in 0..sets4 {
+        let c = Tensor::rand(0f32, 255.99, (n, k / 2), dev)?.to_dtype(DType::U8)?;
+        let sc = Tensor::rand(40f32, 72.0, (np, sp), dev)?.to_dtype(DType::U8)?;
+        packed.push(PackedNvfp4::pack(&c, &sc, 0.01)?);
+    }
+    let wb: Vec<Tensor> = (0..sets16)
+        .map(|_| Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16))
+        .collect::<candle_core::Result<_>>()?;
+    let (mut fp4, mut bf16) = (vec![], vec![]);
+    for &m in ms {
+        let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
+        let c4 = (sets4 * 4).max(32);
+        let c16 = (sets16 * 4).max(32);
+        let mut g = f64::INFINITY;
+        for pdl in [false, true] {
+            let plan = packed[0].plan(s.silu_mul, m, pdl)?;
+            g = g.min(gpu_us(dev, c4, |i| {
+                packed_nvfp4_gemv_planned(&x, &packed[i % sets4], &plan).map(|_| ())
+            })?);
+        }
+        let dq = gpu_us(dev, c4.min(64), |i| {
+            let w = packed[i % sets4].dequantize_bf16()?;
+            x.matmul(&w.t()?).map(|_| ())
+        })?;
+        let opts = GemvOptions::new(s.silu_mul, true);
+        let gb = gpu_us(dev, c16, |i| {
+            bf16_gemv_with(&x, &wb[i % sets16], &opts).map(|_| ())
+        })?;
+        let mm = gpu_us(dev, c16, |i| x.matmul(&wb[i % sets16].t()?).map(|_| ()))?;
+        println!(
+            "{:>10} {:>7}x{:<6} m={m:>2}: packed {g:>8.2} us, dequant+matmul {dq:>8.2} ({:.2}x); bf16 gemv {gb:>8.2}, matmul {mm:>8.2} ({:.2}x)",
+            s.name,
+            n,
+            k,
+            dq / g,
+            mm / gb
+        );
+        fp4.push((m, g, dq));
+        bf16.push((m, gb, mm));
+    }
+    Ok((fp4, bf16))
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let mut shapes: Vec<GemvShape> = vec![];
+    for p in &a.config {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let cfg = LlamaConfig::from_json_str(&text, &p.display().to_string())?;
+        for tp in if a.tp > 1 { vec![1, a.tp] } else { vec![1] } {
+            shapes.extend(
+                gemv_shapes(&cfg, tp).with_context(|| format!("{}: --tp {tp}", p.display()))?,
+            );
+        }
+    }
+    if let Some(list) = &a.shapes {
+        shapes.extend(parse_shapes(list)?);
+    }
+    shapes.dedup_by(|x, y| (x.n, x.k, x.silu_mul) == (y.n, y.k, y.silu_mul));
+    if shapes.is_empty() {
+        bail!("nothing to measure: give --config and/or --shapes");
+    }
+    let ms: Vec<usize> = match &a.ms {
+        Some(s) => s
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("--ms: `{v}`"))
+            })
+            .collect::<Result<_>>()?,
+        None => (1..=32).collect(),
+    };
+    if ms.iter().any(|&m| m == 0 || m > 32) {
+        bail!("--ms: every M must be in 1..=32");
+    }
+    let dev = Device::new_cuda(0)?;
+    let Device::Cuda(d) = &dev else {
+        bail!("no CUDA device")
+    };
+    let stream = d.cuda_stream();
+    let ctx = stream.context();
+    let major = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .map_err(err)?;
+    let minor = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .map_err(err)?;
+    let mut entries = vec![];
+    for s in &shapes {
+        let (fp4, bf16) = measure(&dev, s, &ms)?;
+        entries.extend(table_entry(s, false, &fp4));
+        entries.extend(table_entry(s, true, &bf16));
+    }
+    let table = TunedTable {
+        arch: format!("sm{major}{minor}"),
+        device: format!("compute capability {major}.{minor}"),
+        measured: format!(
+            "tune: packed NVFP4 GEMV vs packed dequantize + cuBLAS, BF16 GEMV vs cuBLAS, M in {ms:?}; nt listed when its geometric-mean speedup over the M it serves is > 1 (margins)"
+        ),
+        entries,
+    };
+    let text = serde_json::to_string_pretty(&table)? + "\n";
+    // What is written must load.
+    TunedTable::from_json(&text, "tune output")?;
+    match &a.out {
+        Some(p) => {
+            std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
+            println!("tuned table written to {}", p.display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
