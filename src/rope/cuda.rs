@@ -13,17 +13,46 @@ use half::bf16;
 
 unsafe impl DeviceRepr for QkvRopeParams {}
 
-/// The resolved kernel.
+/// The resolved kernel and the tables' device pointers, made once per op (the plan holds
+/// the tables, so the pointers stay valid).
 #[derive(Debug, Clone)]
 pub(super) struct RopePlan {
     f: CudaFunction,
+    cos_ptr: u64,
+    sin_ptr: u64,
+    max_pos: usize,
+    _tables: (Tensor, Tensor),
 }
 
-/// Resolves the kernel on `dev` (a lock: at model load).
-pub(super) fn plan(dev: &CudaDevice) -> Result<RopePlan> {
+/// Resolves the kernel on `dev` and the tables' pointers (a lock: at model load).
+pub(super) fn plan(dev: &CudaDevice, cos: &Tensor, sin: &Tensor, d: usize) -> Result<RopePlan> {
+    const OP: &str = "QkvRope (cuda)";
     let image = facts(dev)?.image;
     let (f, _) = module(dev, KernelFile::Rope, image)?.function("cfp4_qkv_rope")?;
-    Ok(RopePlan { f })
+    let stream = dev.cuda_stream();
+    let ptr = |t: &Tensor, what: &str| -> Result<(u64, usize)> {
+        let (st, l) = t.storage_and_layout();
+        let Storage::Cuda(cs) = &*st else {
+            bail!("{OP}: the {what} table is not on the GPU")
+        };
+        let (a, b) = contiguous_range(OP, what, l)?;
+        let sl = cs.as_cuda_slice::<bf16>()?.slice(a..b);
+        let (p, _g) = sl.device_ptr(&stream);
+        Ok((p, b - a))
+    };
+    let (cos_ptr, nc) = ptr(cos, "cos")?;
+    let (sin_ptr, ns) = ptr(sin, "sin")?;
+    let max_pos = nc / (d / 2);
+    if max_pos == 0 || ns != nc {
+        bail!("{OP}: tables of {nc} and {ns} values")
+    }
+    Ok(RopePlan {
+        f,
+        cos_ptr,
+        sin_ptr,
+        max_pos,
+        _tables: (cos.clone(), sin.clone()),
+    })
 }
 
 /// The call's dimensions.
@@ -34,7 +63,6 @@ pub(super) struct Shape {
     pub d: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn forward(
     plan: &RopePlan,
     s: &Shape,
@@ -42,8 +70,6 @@ pub(super) fn forward(
     lx: &Layout,
     pos: &CudaStorage,
     lp: &Layout,
-    cos: &Tensor,
-    sin: &Tensor,
 ) -> Result<CudaStorage> {
     const OP: &str = "QkvRope (cuda)";
     let (xa, xb) = contiguous_range(OP, "qkv", lx)?;
@@ -57,41 +83,26 @@ pub(super) fn forward(
             s.batch
         )
     }
-    let (cst, cl) = cos.storage_and_layout();
-    let (sst, sl) = sin.storage_and_layout();
-    let (Storage::Cuda(cs), Storage::Cuda(ss)) = (&*cst, &*sst) else {
-        bail!("{OP}: the tables are not on the GPU")
-    };
-    let (ca, cb) = contiguous_range(OP, "cos", cl)?;
-    let (sa, sb) = contiguous_range(OP, "sin", sl)?;
-    let max_pos = (cb - ca) / (s.d / 2);
-    if max_pos == 0 || sb - sa != cb - ca {
-        bail!("{OP}: tables of {} and {} values", cb - ca, sb - sa)
-    }
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
     let xs = x.as_cuda_slice::<bf16>()?.slice(xa..xb);
     let ps = pos.as_cuda_slice::<u32>()?.slice(pa..pb);
-    let csl = cs.as_cuda_slice::<bf16>()?.slice(ca..cb);
-    let ssl = ss.as_cuda_slice::<bf16>()?.slice(sa..sb);
     let mut out = unsafe { dev.alloc::<bf16>(n)? };
     {
         let (xp, _g0) = xs.device_ptr(&stream);
         let (pp, _g1) = ps.device_ptr(&stream);
-        let (cp, _g2) = csl.device_ptr(&stream);
-        let (sp, _g3) = ssl.device_ptr(&stream);
         let (op_, _g4) = out.device_ptr_mut(&stream);
         let p = QkvRopeParams {
             qkv: xp,
             positions: pp,
-            cos: cp,
-            sin: sp,
+            cos: plan.cos_ptr,
+            sin: plan.sin_ptr,
             out: op_,
             batch: s.batch as i32,
             rot_heads: s.rot_heads as i32,
             heads: s.heads as i32,
             d: s.d as i32,
-            max_pos: max_pos as i32,
+            max_pos: plan.max_pos as i32,
             pad: 0,
         };
         let threads = n / 2;

@@ -19,10 +19,17 @@ pub struct QkvRope {
     q_heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    cos: Tensor,
-    sin: Tensor,
+    tables: Tables,
+}
+
+/// The tables as each backend reads them, resolved once in [`QkvRope::new`].
+#[derive(Debug, Clone)]
+enum Tables {
+    /// Host copies (`cos`, `sin`, row-major `[max_pos, head_dim/2]`).
+    Cpu(std::sync::Arc<(Vec<bf16>, Vec<bf16>)>),
+    /// The kernel and the tables' device pointers (the plan keeps the tensors alive).
     #[cfg(feature = "cuda")]
-    plan: Option<cuda::RopePlan>,
+    Cuda(cuda::RopePlan),
 }
 
 impl QkvRope {
@@ -63,19 +70,20 @@ impl QkvRope {
         {
             bail!("{WHAT}: tables or heads too large")
         }
-        #[cfg(feature = "cuda")]
-        let plan = match cos.device() {
-            candle_core::Device::Cuda(d) => Some(cuda::plan(d)?),
-            _ => None,
+        let tables = match cos.device() {
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(d) => Tables::Cuda(cuda::plan(d, &cos, &sin, head_dim)?),
+            candle_core::Device::Cpu => Tables::Cpu(std::sync::Arc::new((
+                cos.flatten_all()?.to_vec1::<bf16>()?,
+                sin.flatten_all()?.to_vec1::<bf16>()?,
+            ))),
+            d => bail!("{WHAT}: tables on {d:?}: only the CPU and CUDA run this op"),
         };
         Ok(Self {
             q_heads,
             kv_heads,
             head_dim,
-            cos,
-            sin,
-            #[cfg(feature = "cuda")]
-            plan,
+            tables,
         })
     }
 
@@ -159,22 +167,19 @@ impl CustomOp2 for QkvRope {
             (CpuStorage::U32(v), Some((a, b))) => &v[a..b],
             _ => bail!("QkvRope: positions must be a contiguous U32 tensor"),
         };
-        let table = |t: &Tensor| -> Result<Vec<bf16>> {
-            if !t.device().is_cpu() {
-                bail!(
-                    "QkvRope: the tables are on {:?}, the input on the CPU",
-                    t.device()
-                )
-            }
-            t.flatten_all()?.to_vec1::<bf16>()
+        // (Irrefutable without the cuda feature.)
+        #[allow(irrefutable_let_patterns)]
+        let Tables::Cpu(t) = &self.tables
+        else {
+            bail!("QkvRope: the tables are on a GPU, the input on the CPU")
         };
-        let (cos, sin) = (table(&self.cos)?, table(&self.sin)?);
+        let (cos, sin) = (&t.0, &t.1);
         let heads = self.q_heads + 2 * self.kv_heads;
         let out = qkv_rope_cpu(
             x,
             pos,
-            &cos,
-            &sin,
+            cos,
+            sin,
             self.q_heads + self.kv_heads,
             heads,
             self.head_dim,
@@ -190,7 +195,7 @@ impl CustomOp2 for QkvRope {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let Some(plan) = &self.plan else {
+        let Tables::Cuda(plan) = &self.tables else {
             bail!("QkvRope: the tables are on the CPU, the input on a GPU")
         };
         let b = l2.shape().elem_count();
@@ -200,7 +205,7 @@ impl CustomOp2 for QkvRope {
             heads: self.q_heads + 2 * self.kv_heads,
             d: self.head_dim,
         };
-        let out = cuda::forward(plan, &s, s1, l1, s2, l2, &self.cos, &self.sin)?;
+        let out = cuda::forward(plan, &s, s1, l1, s2, l2)?;
         Ok((out, self.out_shape(b)))
     }
 }
