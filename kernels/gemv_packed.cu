@@ -52,11 +52,6 @@ constexpr uint32_t kScaleMask = 0x0ff00ff0u;
 // one LOP3; the hardware path's scales sit 14 binades lower and add it.
 constexpr int kTBase = CFP4_HW_E2M1 ? 208 : 224;
 constexpr uint32_t kScaleBase = uint32_t(kTBase << 7) * 0x10001u;
-#ifndef CFP4_PGEMV_HIMUL
-#define CFP4_PGEMV_HIMUL 0
-#endif
-// The decode's byte shift as a multiply-high (FMA pipe) instead of a shift (ALU pipe).
-constexpr bool kHiMul = CFP4_PGEMV_HIMUL != 0;
 
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
@@ -105,11 +100,8 @@ template <int NT, bool SILU>
 struct Cfg {
     static constexpr int TILES = SILU ? 2 : 1;
     // K pairs (1 KB of codes per tile) in flight per warp.
-#ifdef CFP4_PGEMV_U
-    static constexpr int U = CFP4_PGEMV_U;
-#else
+    // (2 and 4 measured no better on the H200: docs/logs/s10/pgemv_bench-sweep-u*.log.)
     static constexpr int U = NT * TILES <= 2 ? 3 : 2;
-#endif
     // Independent accumulator chains per (tile, token tile).
     static constexpr int SETS = NT * TILES == 1 ? 2 : 1;
 };
@@ -191,7 +183,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
             for (int jw = 0; jw < 4; ++jw) {
                 uint32_t r[4];
-                decode_word_raw<kHiMul>(words[jw], r);
+                decode_word_raw(words[jw], r);
                 const uint32_t a[4] = {bf16x2_mul(r[0], sa), bf16x2_mul(r[1], sb), bf16x2_mul(r[2], sa),
                                        bf16x2_mul(r[3], sb)};
 #pragma unroll

@@ -91,7 +91,6 @@ constexpr int kRawLog2 = CFP4_HW_E2M1 ? 112 : 126;
 // One 32-bit word (8 E2M1 codes, code j = nibble j) as 4 bf16x2 of e2m1 * 2^-kRawLog2,
 // exactly, no scale. Software order: out[r] = (code r, code r+4); hardware order:
 // out[r] = (code 2r, code 2r+1).
-template <bool HI_MUL = false>
 __device__ __forceinline__ void decode_word_raw(uint32_t q, uint32_t out[4]) {
 #if CFP4_HW_E2M1
     uint32_t h[4];
@@ -106,7 +105,7 @@ __device__ __forceinline__ void decode_word_raw(uint32_t q, uint32_t out[4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) out[r] = (h[r] & 0x80008000u) | ((h[r] >> 3) & 0x0fff0fffu);
 #else
-    e2m1_raw_pairs<HI_MUL>(q, out);
+    e2m1_raw_pairs(q, out);
 #endif
 }
 

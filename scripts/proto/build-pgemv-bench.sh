@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds scripts/proto/pgemv_bench.cu with the kernels it times (sm_90a) into .carry/.
-# Usage: scripts/proto/build-pgemv-bench.sh [extra nvcc flags, e.g. -DCFP4_PGEMV_HIMUL=1]
+# Usage: scripts/proto/build-pgemv-bench.sh [extra nvcc flags]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/cuda-env.sh

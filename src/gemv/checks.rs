@@ -55,3 +55,31 @@ pub(crate) fn x_view<'a>(
     }
     Ok((&x[start..end], rs))
 }
+
+/// The contiguous U8 data of a storage, or an error naming `what`.
+pub(crate) fn contiguous_u8<'a>(
+    op: &str,
+    what: &str,
+    s: &'a CpuStorage,
+    l: &Layout,
+) -> Result<&'a [u8]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::U8(v), Some((a, b))) => Ok(&v[a..b]),
+        (CpuStorage::U8(_), None) => bail!("{op}: {what} must be contiguous"),
+        _ => bail!("{op}: {what} must be U8, got {:?}", s.dtype()),
+    }
+}
+
+/// The contiguous U32 data of a storage, or an error naming `what`.
+pub(crate) fn contiguous_u32<'a>(
+    op: &str,
+    what: &str,
+    s: &'a CpuStorage,
+    l: &Layout,
+) -> Result<&'a [u32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::U32(v), Some((a, b))) => Ok(&v[a..b]),
+        (CpuStorage::U32(_), None) => bail!("{op}: {what} must be contiguous"),
+        _ => bail!("{op}: {what} must be U32, got {:?}", s.dtype()),
+    }
+}

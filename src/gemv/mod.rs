@@ -18,7 +18,7 @@ pub(crate) mod cuda;
 mod options;
 pub mod packed;
 
-use checks::{check_x, x_view};
+use checks::{check_x, contiguous_u8, x_view};
 pub use checks::{K_ALIGN, MAX_M};
 pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 #[cfg(feature = "cuda")]
@@ -28,10 +28,9 @@ pub use options::{GemvOptions, KernelImage};
 pub use packed::{packed_nvfp4_gemv, packed_nvfp4_gemv_planned, PackedGemvPlan, PackedNvfp4};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
-use candle_core::{
-    backend::BackendStorage, bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
-    Tensor,
-};
+#[cfg(feature = "cuda")]
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 fn check_n(op: &str, n: usize, silu_mul: bool) -> Result<()> {
     if n == 0 {
@@ -45,14 +44,6 @@ fn check_n(op: &str, n: usize, silu_mul: bool) -> Result<()> {
 
 fn out_shape(m: usize, n: usize, silu_mul: bool) -> Shape {
     Shape::from((m, if silu_mul { n / 2 } else { n }))
-}
-
-fn contiguous_u8<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> Result<&'a [u8]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::U8(v), Some((a, b))) => Ok(&v[a..b]),
-        (CpuStorage::U8(_), None) => bail!("{op}: {what} must be contiguous"),
-        _ => bail!("{op}: {what} must be U8, got {:?}", s.dtype()),
-    }
 }
 
 /// The NVFP4 GEMV as a candle op: inputs `x`, `weight`, swizzled `weight_scale`.

@@ -29,6 +29,11 @@ impl PackedLayout {
         if n == 0 || k == 0 || !k.is_multiple_of(PACKED_K_ALIGN) {
             bail!("packed NVFP4: weight [{n}, {k}] needs N > 0 and K a positive multiple of {PACKED_K_ALIGN}");
         }
+        // The kernels index with 32-bit ints; this bound also keeps the padding below
+        // from overflowing.
+        if n > i32::MAX as usize / 2 || k > i32::MAX as usize / 64 {
+            bail!("packed NVFP4: weight [{n}, {k}] is too large for the kernels' 32-bit indices");
+        }
         let half_pad = if n.is_multiple_of(2) {
             (n / 2).div_ceil(16) * 16
         } else {
@@ -51,7 +56,7 @@ impl PackedLayout {
             "packed NVFP4 code bytes",
             &[l.tiles, 2 * l.npairs, 512],
         )?;
-        if bytes > i32::MAX as usize || n > i32::MAX as usize / 2 || k > i32::MAX as usize / 64 {
+        if bytes > i32::MAX as usize {
             bail!("packed NVFP4: weight [{n}, {k}] is too large ({bytes} packed bytes)");
         }
         Ok(l)
@@ -369,5 +374,6 @@ mod tests {
         assert!(PackedLayout::new(16, 96).is_err());
         assert!(PackedLayout::new(0, 64).is_err());
         assert!(PackedLayout::new(usize::MAX / 4, 1 << 20).is_err());
+        assert!(PackedLayout::new(usize::MAX, 64).is_err());
     }
 }

@@ -22,7 +22,7 @@ pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
 };
 
-use super::checks::{check_x, x_view, MAX_M};
+use super::checks::{check_x, contiguous_u32, contiguous_u8, x_view, MAX_M};
 use super::cpu::{gemv_cpu, WeightRows};
 use super::options::KernelImage;
 use crate::nvfp4::{swizzle_blockscale_bytes, swizzled_shape, BLOCK_SIZE};
@@ -152,20 +152,6 @@ impl PackedNvfp4 {
     }
 }
 
-fn u8s<'a>(op: &str, s: &'a CpuStorage, l: &Layout) -> Result<&'a [u8]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::U8(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => bail!("{op}: expected a contiguous U8 tensor"),
-    }
-}
-
-fn u32s<'a>(op: &str, s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::U32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => bail!("{op}: expected a contiguous U32 tensor"),
-    }
-}
-
 /// ModelOpt codes + swizzled scales → packed codes (U8 `[code_bytes]`).
 struct PackCodes {
     layout: PackedLayout,
@@ -184,7 +170,12 @@ impl CustomOp2 for PackCodes {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         const OP: &str = "nvfp4-pack-codes";
-        let out = pack_codes(&self.layout, u8s(OP, s1, l1)?, u8s(OP, s2, l2)?, self.hw)?;
+        let out = pack_codes(
+            &self.layout,
+            contiguous_u8(OP, "codes", s1, l1)?,
+            contiguous_u8(OP, "scales", s2, l2)?,
+            self.hw,
+        )?;
         Ok((CpuStorage::U8(out), Shape::from(self.layout.code_bytes())))
     }
     #[cfg(feature = "cuda")]
@@ -210,7 +201,11 @@ impl CustomOp1 for PackScales {
         "nvfp4-pack-scales"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = pack_scales(&self.layout, u8s("nvfp4-pack-scales", s, l)?, self.hw)?;
+        let out = pack_scales(
+            &self.layout,
+            contiguous_u8("nvfp4-pack-scales", "scales", s, l)?,
+            self.hw,
+        )?;
         Ok((CpuStorage::U32(out), Shape::from(self.layout.scale_words())))
     }
     #[cfg(feature = "cuda")]
@@ -242,7 +237,12 @@ impl CustomOp2 for PackedDequant {
     ) -> Result<(CpuStorage, Shape)> {
         const OP: &str = "nvfp4-packed-dequantize";
         let l = &self.layout;
-        let (codes, scales) = unpack(l, u8s(OP, s1, l1)?, u32s(OP, s2, l2)?, self.hw)?;
+        let (codes, scales) = unpack(
+            l,
+            contiguous_u8(OP, "packed codes", s1, l1)?,
+            contiguous_u32(OP, "packed scales", s2, l2)?,
+            self.hw,
+        )?;
         let swz = swizzle_blockscale_bytes(&scales, l.n, l.k / BLOCK_SIZE)?;
         let w = crate::nvfp4::dequantize_rows_cpu(&codes, &swz, l.n, l.k)?;
         Ok((CpuStorage::BF16(w), Shape::from((l.n, l.k))))
@@ -290,7 +290,12 @@ impl CustomOp3 for PackedGemv {
         let l = &self.layout;
         let (m, k) = l1.shape().dims2()?;
         let (x, rs) = x_view(OP, s1, l1)?;
-        let (codes, scales) = unpack(l, u8s(OP, s2, l2)?, u32s(OP, s3, l3)?, self.hw)?;
+        let (codes, scales) = unpack(
+            l,
+            contiguous_u8(OP, "packed codes", s2, l2)?,
+            contiguous_u32(OP, "packed scales", s3, l3)?,
+            self.hw,
+        )?;
         let swz = swizzle_blockscale_bytes(&scales, l.n, l.k / BLOCK_SIZE)?;
         let sp = swizzled_shape(l.n, l.k / BLOCK_SIZE).1;
         let rows = WeightRows::Nvfp4 {
