@@ -1,28 +1,11 @@
 // gemv_common.cuh: device helpers shared by the GEMV kernels (gemv.cu, gemv_packed.cu):
-// programmatic dependent launch, streaming loads that skip L1, the bf16 tensor-core MMA.
+// programmatic dependent launch (pdl.cuh), streaming loads that skip L1, the bf16 tensor-core MMA.
 #pragma once
 #include <stdint.h>
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define CFP4_SM90 1
-#else
-#define CFP4_SM90 0
-#endif
+#include "pdl.cuh"
 
 namespace cfp4 {
-
-// griddepcontrol needs sm_90; on older images these are no-ops.
-__device__ __forceinline__ void griddep_wait() {
-#if CFP4_SM90
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if CFP4_SM90
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
     uint4 v;

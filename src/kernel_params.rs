@@ -199,10 +199,70 @@ pub(crate) struct QkvRopeParams {
     pub pad: i32,
 }
 
+/// `AddRmsNormParams` of `kernels/rmsnorm.cuh` (residual add + RMSNorm).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AddRmsNormParams {
+    pub x: u64,
+    pub delta: u64,
+    pub weight: u64,
+    pub sum: u64,
+    pub out: u64,
+    pub rows: i32,
+    pub n: i32,
+    pub eps: f32,
+    pub vec: i32,
+}
+
+/// `GreedyParams` of `kernels/greedy.cuh` (row argmax into the step's ids).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GreedyParams {
+    pub logits: u64,
+    pub ids: u64,
+    pub positions: u64,
+    pub best: u64,
+    pub done: u64,
+    pub rows: i32,
+    pub n: i32,
+    pub chunk: i32,
+    pub f32: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
+
+    /// Offsets written in kernels/rmsnorm.cuh's comments.
+    #[test]
+    fn add_rmsnorm_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(AddRmsNormParams, x), 0);
+        assert_eq!(offset_of!(AddRmsNormParams, delta), 8);
+        assert_eq!(offset_of!(AddRmsNormParams, weight), 16);
+        assert_eq!(offset_of!(AddRmsNormParams, sum), 24);
+        assert_eq!(offset_of!(AddRmsNormParams, out), 32);
+        assert_eq!(offset_of!(AddRmsNormParams, rows), 40);
+        assert_eq!(offset_of!(AddRmsNormParams, n), 44);
+        assert_eq!(offset_of!(AddRmsNormParams, eps), 48);
+        assert_eq!(offset_of!(AddRmsNormParams, vec), 52);
+        assert_eq!(size_of::<AddRmsNormParams>(), 56);
+    }
+
+    /// Offsets written in kernels/greedy.cuh's comments.
+    #[test]
+    fn greedy_params_layout_matches_cuh() {
+        assert_eq!(offset_of!(GreedyParams, logits), 0);
+        assert_eq!(offset_of!(GreedyParams, ids), 8);
+        assert_eq!(offset_of!(GreedyParams, positions), 16);
+        assert_eq!(offset_of!(GreedyParams, best), 24);
+        assert_eq!(offset_of!(GreedyParams, done), 32);
+        assert_eq!(offset_of!(GreedyParams, rows), 40);
+        assert_eq!(offset_of!(GreedyParams, n), 44);
+        assert_eq!(offset_of!(GreedyParams, chunk), 48);
+        assert_eq!(offset_of!(GreedyParams, f32), 52);
+        assert_eq!(size_of::<GreedyParams>(), 56);
+    }
 
     /// Offsets written in kernels/rope.cuh's comments.
     #[test]

@@ -15,6 +15,8 @@
 //!
 //!   cargo bench -p candle-fp4-models --features cuda,peers --bench decode_bench
 //!   CFP4_DECODE_ONLY=smollm2 ... (rows whose name contains the string)
+//!   CFP4_DECODE_TRACE=1 ... (one more step between cuProfilerStart / Stop, for ncu, and its
+//!   GPU time between CUDA events)
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, D};
@@ -47,6 +49,8 @@ struct Case {
     ctx: usize,
     batch: usize,
     graph: bool,
+    /// GEMVs launched with PDL ([`LoadOptions::gemv_pdl`]).
+    pdl: bool,
 }
 
 struct Row {
@@ -92,6 +96,7 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         max_seq_len: Some(c.ctx + STEPS + 16),
         batch: c.batch,
         cuda_graph: c.graph,
+        gemv_pdl: c.pdl,
         ..LoadOptions::default()
     };
     let spec = RandomSpec {
@@ -110,6 +115,9 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         m.decode_greedy(None)?;
         t.push(s.elapsed());
     }
+    if std::env::var_os("CFP4_DECODE_TRACE").is_some() {
+        trace_one_step(&mut m, dev)?;
+    }
     let kv = m.kv_bytes_per_token() * c.ctx * c.batch;
     Ok(Row {
         name: c.name.clone(),
@@ -117,6 +125,36 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         batch: c.batch,
         bytes: m.weight_bytes() + kv,
     })
+}
+
+/// One more step between `cuProfilerStart` / `cuProfilerStop`, for a per-kernel trace
+/// (`ncu --profile-from-start off --graph-profiling node`), and its GPU time between two
+/// CUDA events (kernels and the gaps between them, no host work).
+fn trace_one_step(m: &mut Llama, dev: &Device) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let Device::Cuda(cu) = dev else {
+        anyhow::bail!("decode_bench needs a CUDA device")
+    };
+    let st = cu.cuda_stream();
+    let mut gpu = vec![];
+    for _ in 0..9 {
+        let e0 = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        m.decode_greedy(None)?;
+        let e1 = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        e1.synchronize()?;
+        gpu.push(e0.elapsed_ms(&e1)? as f64);
+    }
+    gpu.sort_by(|a, b| a.total_cmp(b));
+    eprintln!(
+        "step GPU time (events, median of 9): {:.1} us",
+        gpu[4] * 1e3
+    );
+    // SAFETY: plain driver calls with no arguments; the context is current on this thread.
+    unsafe { sys::cuProfilerStart() }.result()?;
+    m.decode_greedy(None)?;
+    st.synchronize()?;
+    unsafe { sys::cuProfilerStop() }.result()?;
+    Ok(())
 }
 
 /// candle-transformers' BF16 Llama of `json`'s shape with random weights, batch 1, its KV
@@ -189,34 +227,48 @@ fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row
 
 fn cases() -> Vec<Case> {
     let mut v = vec![];
-    let mut add = |model: &str, cfg, nvfp4, kv: KvCacheKind, ctx, batch, graph| {
+    let mut add = |model: &str, cfg, nvfp4, kv: KvCacheKind, ctx, batch, graph, pdl| {
         let kvn = match kv {
             KvCacheKind::Bf16 => "kvbf16",
             KvCacheKind::UltraQuant => "kvuq",
         };
         let mode = if graph { "graph" } else { "eager" };
+        let nopdl = if pdl { "" } else { " no-pdl" };
         v.push(Case {
-            name: format!("{model} b{batch} ctx{ctx} {kvn} {mode}"),
+            name: format!("{model} b{batch} ctx{ctx} {kvn} {mode}{nopdl}"),
             cfg,
             nvfp4,
             kv,
             ctx,
             batch,
             graph,
+            pdl,
         });
     };
+
     use KvCacheKind::{Bf16, UltraQuant};
-    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, true);
-    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, false);
-    add("smollm2 nvfp4", SMOLLM2, true, UltraQuant, 512, 1, true);
-    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, true);
-    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, false);
-    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 512, 1, true);
-    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 8, true);
-    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 32, true);
-    add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true);
-    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true);
-    add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true);
+    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, true, true);
+    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, true, false);
+    add("smollm2 nvfp4", SMOLLM2, true, Bf16, 512, 1, false, true);
+    add(
+        "smollm2 nvfp4",
+        SMOLLM2,
+        true,
+        UltraQuant,
+        512,
+        1,
+        true,
+        true,
+    );
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, true, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, true, false);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, false, true);
+    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 512, 1, true, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 8, true, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 32, true, true);
+    add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true, true);
+    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
+    add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);
     v
 }
 

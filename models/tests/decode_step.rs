@@ -26,7 +26,14 @@ fn cfg() -> LlamaConfig {
 }
 
 fn model(kind: KvCacheKind, batch: usize, window: usize, nvfp4: bool) -> Llama {
+    model_in(kind, batch, window, nvfp4, DType::F32)
+}
+
+/// `model` with `dtype` activations (BF16: the step runs the fused residual add + norm and
+/// the greedy tail of `candle_fp4`; F32: candle's ops).
+fn model_in(kind: KvCacheKind, batch: usize, window: usize, nvfp4: bool, dtype: DType) -> Llama {
     let opts = LoadOptions {
+        dtype: Some(dtype),
         kv_cache: kind,
         max_seq_len: Some(200),
         kv_window: window,
@@ -58,16 +65,20 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// Batch 1, past the exact window so that the UltraQuant ring wraps: the step's greedy
-/// tokens and logits equal token-by-token `forward` bit for bit.
+/// tokens and logits equal token-by-token `forward` bit for bit, with F32 activations
+/// (candle's add and norm in the step) and BF16 ones (the fused residual add + norm and
+/// the greedy tail, against `forward`'s candle add, `rms_norm` and argmax).
 #[test]
 fn batch_one_step_matches_forward_bit_for_bit() {
-    for (kind, window, nvfp4) in [
-        (KvCacheKind::Bf16, 0, true),
-        (KvCacheKind::UltraQuant, 16, true),
-        (KvCacheKind::UltraQuant, 0, false),
+    for (kind, window, nvfp4, dt) in [
+        (KvCacheKind::Bf16, 0, true, DType::F32),
+        (KvCacheKind::UltraQuant, 16, true, DType::F32),
+        (KvCacheKind::UltraQuant, 0, false, DType::F32),
+        (KvCacheKind::Bf16, 0, true, DType::BF16),
+        (KvCacheKind::UltraQuant, 16, true, DType::BF16),
     ] {
-        let mut a = model(kind, 1, window, nvfp4);
-        let mut b = model(kind, 1, window, nvfp4);
+        let mut a = model_in(kind, 1, window, nvfp4, dt);
+        let mut b = model_in(kind, 1, window, nvfp4, dt);
         let prompt = [3u32, 141, 59, 26, 5];
         let la = a.forward(&prompt, 0).unwrap();
         let lb = b.forward(&prompt, 0).unwrap();
@@ -79,7 +90,10 @@ fn batch_one_step_matches_forward_bit_for_bit() {
             let (want, got_next) = if step % 2 == 0 {
                 let got = rows(&a.decode_logits(&[tok]).unwrap()).remove(0);
                 let want = b.forward(&[tok], pos).unwrap().to_vec1::<f32>().unwrap();
-                assert_eq!(got, want, "{kind:?} window {window}: logits at step {step}");
+                assert_eq!(
+                    got, want,
+                    "{kind:?} {dt:?} window {window}: logits at step {step}"
+                );
                 (want, None)
             } else {
                 let next = a.decode_greedy(None).unwrap();

@@ -156,6 +156,16 @@ impl QuantLinear {
         })
     }
 
+    /// Re-plans the GEMV launches with programmatic dependent launch on (`true`) or off: the
+    /// layer's kernels then start while the previous kernel runs, issue their weight loads
+    /// and wait for its output on the device (sm_90 and newer; a no-op elsewhere). A tuning
+    /// knob of the decode step, applied at load; the result is unchanged.
+    pub fn set_pdl(&mut self, pdl: bool) -> Result<()> {
+        let device = self.device().clone();
+        self.plans = Plans::with_pdl(&device, self.n, self.k, &self.weight, pdl)?;
+        Ok(())
+    }
+
     /// Input features `K`.
     pub fn in_features(&self) -> usize {
         self.k

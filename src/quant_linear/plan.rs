@@ -40,8 +40,27 @@ pub(crate) struct Plans {
 }
 
 impl Plans {
-    /// The plans of an `[n, k]` layer with `weight` on `device`.
+    /// The plans of an `[n, k]` layer with `weight` on `device`, without PDL.
     pub(crate) fn new(device: &Device, n: usize, k: usize, weight: &Weight) -> Result<Self> {
+        Self::with_pdl(device, n, k, weight, false)
+    }
+
+    /// [`new`](Self::new), the GEMV launches with programmatic dependent launch when `pdl`.
+    pub(crate) fn with_pdl(
+        device: &Device,
+        n: usize,
+        k: usize,
+        weight: &Weight,
+        pdl: bool,
+    ) -> Result<Self> {
+        // PDL exists from sm_90 on (the sm_80 image's griddepcontrol is a no-op, but the
+        // launch attribute is not accepted there).
+        #[cfg(feature = "cuda")]
+        let pdl = pdl
+            && match device {
+                Device::Cuda(d) => crate::cuda::facts(d)?.cc.0 >= 9,
+                _ => false,
+            };
         let fp4 = !matches!(weight, Weight::Bf16(_));
         let table = crate::tables::for_device(device)?;
         let mut made: Vec<(usize, bool, Choice)> = Vec::new();
@@ -63,7 +82,7 @@ impl Plans {
                 // The tile the table measured as faster (it may skip a smaller one).
                 let opts = GemvOptions {
                     nt,
-                    ..GemvOptions::new(silu, false)
+                    ..GemvOptions::new(silu, pdl)
                 };
                 *slot = match made.iter().find(|(t, s, _)| Some(*t) == nt && *s == silu) {
                     Some((_, _, c)) => c.clone(),

@@ -109,6 +109,13 @@ impl Attention {
         }
     }
 
+    /// Every Linear (q/k/v, o), mutably.
+    pub fn linears_mut(&mut self) -> Vec<&mut QuantLinear> {
+        let mut v = self.qkv.layers_mut();
+        v.push(&mut self.o);
+        v
+    }
+
     /// Replaces the Linears of `site` (q, k, v in that order; or o_proj) by `layers`
     /// with the old shapes, keeping the old biases.
     pub fn set_linears(&mut self, site: Site, layers: Vec<QuantLinear>) -> Result<()> {

@@ -4,6 +4,7 @@ use super::attention::Attention;
 use super::capture::{LinearInputs, Site};
 use super::linear::Loader;
 use super::mlp::Mlp;
+use super::norm::RmsNorm;
 use crate::config::LlamaConfig;
 use crate::kv_cache::LayerCache;
 use crate::rope::Rope;
@@ -14,11 +15,10 @@ use candle_fp4::quant_linear::QuantLinear;
 /// A decoder layer (`model.layers.{i}`).
 #[derive(Debug)]
 pub struct Block {
-    attn_norm: Tensor,
+    attn_norm: RmsNorm,
     attn: Attention,
-    mlp_norm: Tensor,
+    mlp_norm: RmsNorm,
     mlp: Mlp,
-    eps: f32,
 }
 
 impl Block {
@@ -45,13 +45,10 @@ impl Block {
             .into());
         }
         let h = cfg.hidden_size;
-        Ok(Self {
-            attn_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-            attn,
-            mlp_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            mlp,
-            eps: cfg.rms_norm_eps as f32,
-        })
+        let attn_norm = ld.vector(&format!("{p}.input_layernorm.weight"), h)?;
+        let mlp_norm = ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?;
+        let eps = cfg.rms_norm_eps as f32;
+        Self::from_parts(attn_norm, attn, mlp_norm, mlp, eps)
     }
 
     /// A layer from its parts (norm weights `[hidden]` in the activation dtype).
@@ -61,14 +58,13 @@ impl Block {
         mlp_norm: Tensor,
         mlp: Mlp,
         eps: f32,
-    ) -> Self {
-        Self {
-            attn_norm,
+    ) -> Result<Self> {
+        Ok(Self {
+            attn_norm: RmsNorm::new(attn_norm, eps)?,
             attn,
-            mlp_norm,
+            mlp_norm: RmsNorm::new(mlp_norm, eps)?,
             mlp,
-            eps,
-        }
+        })
     }
 
     /// The layer over `x` `[t, hidden]` at positions `pos..pos + t` (`mask`: the causal
@@ -92,27 +88,29 @@ impl Block {
         cache: &mut LayerCache,
         hook: &mut LinearInputs<'_>,
     ) -> candle_core::Result<Tensor> {
-        let h = candle_nn::ops::rms_norm(x, &self.attn_norm, self.eps)?;
+        let h = self.attn_norm.forward(x)?;
         let a = self.attn.forward_captured(&h, pos, mask, cache, hook)?;
-        let x = (x + a)?;
-        let h = candle_nn::ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
+        let (x, h) = self.mlp_norm.add_forward(x, Some(&a))?;
         x + self.mlp.forward_captured(&h, hook)?
     }
 
-    /// One decode token of every sequence (`x` `[batch, hidden]`, see
-    /// [`Attention::forward_decode`]): capturable in a CUDA graph.
+    /// One decode token of every sequence (see [`Attention::forward_decode`]): capturable
+    /// in a CUDA graph. The residual stream arrives as `x + delta` (`x` `[batch, hidden]`,
+    /// `delta` the previous layer's MLP output, `None` at the first layer) and leaves the
+    /// same way, `(x', mlp output)`, so each residual add runs inside the next norm's kernel
+    /// ([`AddRmsNorm`]); the result equals [`forward`](Self::forward)'s `x' + mlp output`.
     pub fn forward_decode(
         &self,
         x: &Tensor,
+        delta: Option<&Tensor>,
         positions: &Tensor,
         cache: &mut LayerCache,
         for_graph: bool,
-    ) -> candle_core::Result<Tensor> {
-        let h = candle_nn::ops::rms_norm(x, &self.attn_norm, self.eps)?;
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (x, h) = self.attn_norm.add_forward(x, delta)?;
         let a = self.attn.forward_decode(&h, positions, cache, for_graph)?;
-        let x = (x + a)?;
-        let h = candle_nn::ops::rms_norm(&x, &self.mlp_norm, self.eps)?;
-        x + self.mlp.forward(&h)?
+        let (x, h) = self.mlp_norm.add_forward(&x, Some(&a))?;
+        Ok((x, self.mlp.forward(&h)?))
     }
 
     /// Every Linear of the layer: q/k/v (fused or not), o, gate/up, down.
@@ -121,6 +119,13 @@ impl Block {
             .iter()
             .flat_map(|s| self.site_linears(*s))
             .collect()
+    }
+
+    /// Every Linear of the layer, mutably (attention's, then the MLP's).
+    pub fn linears_mut(&mut self) -> Vec<&mut QuantLinear> {
+        let mut v = self.attn.linears_mut();
+        v.extend(self.mlp.linears_mut());
+        v
     }
 
     /// The Linears of `site` (q, k, v or gate, up in that order when not fused).
@@ -144,8 +149,8 @@ impl Block {
     /// norm), in the activation dtype.
     pub fn norm(&self, site: Site) -> Result<&Tensor> {
         match site {
-            Site::Qkv => Ok(&self.attn_norm),
-            Site::GateUp => Ok(&self.mlp_norm),
+            Site::Qkv => Ok(self.attn_norm.weight()),
+            Site::GateUp => Ok(self.mlp_norm.weight()),
             Site::O | Site::Down => bail!("{site:?} has no norm in front"),
         }
     }
@@ -158,14 +163,12 @@ impl Block {
             Site::GateUp => &mut self.mlp_norm,
             Site::O | Site::Down => bail!("{site:?} has no norm in front"),
         };
-        if values.len() != norm.elem_count() {
-            bail!(
-                "{} values for a norm of {}",
-                values.len(),
-                norm.elem_count()
-            );
+        let w = norm.weight();
+        if values.len() != w.elem_count() {
+            bail!("{} values for a norm of {}", values.len(), w.elem_count());
         }
-        *norm = Tensor::from_slice(values, values.len(), norm.device())?.to_dtype(norm.dtype())?;
+        let w = Tensor::from_slice(values, values.len(), w.device())?.to_dtype(w.dtype())?;
+        *norm = RmsNorm::new(w, norm.eps())?;
         Ok(())
     }
 }

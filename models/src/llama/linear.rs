@@ -115,6 +115,14 @@ impl FusedLinear {
         }
     }
 
+    /// The member layers, in order, mutably.
+    pub fn layers_mut(&mut self) -> Vec<&mut QuantLinear> {
+        match self {
+            Self::One(l) => vec![l],
+            Self::Split(ls) => ls.iter_mut().collect(),
+        }
+    }
+
     /// Output features (all members).
     pub fn out_features(&self) -> usize {
         self.layers().iter().map(|l| l.out_features()).sum()

@@ -76,6 +76,13 @@ impl Mlp {
         }
     }
 
+    /// Every Linear (gate/up, down), mutably.
+    pub fn linears_mut(&mut self) -> Vec<&mut QuantLinear> {
+        let mut v = self.gate_up.layers_mut();
+        v.push(&mut self.down);
+        v
+    }
+
     /// Replaces the Linears of `site` (gate, up in that order; or down_proj) by `layers`
     /// with the old shapes, keeping the old biases.
     pub fn set_linears(&mut self, site: Site, layers: Vec<QuantLinear>) -> Result<()> {

@@ -23,6 +23,7 @@ mod capture;
 mod graph;
 mod linear;
 mod mlp;
+mod norm;
 mod options;
 mod parts;
 pub mod random;
@@ -33,6 +34,7 @@ pub use block::Block;
 pub use capture::{ignore_inputs, LinearInputs, Site};
 pub use linear::Loader;
 pub use mlp::Mlp;
+use norm::RmsNorm;
 pub use options::{LoadOptions, DEFAULT_KV_WINDOW};
 use parts::Parts;
 pub use step::StepOutput;
@@ -59,7 +61,7 @@ pub struct Llama {
     quant: QuantConfig,
     embed: Tensor,
     blocks: Vec<Block>,
-    norm: Tensor,
+    norm: RmsNorm,
     lm_head: QuantLinear,
     caches: Vec<LayerCache>,
     dtype: DType,
@@ -177,6 +179,14 @@ impl Llama {
             norm,
             lm_head,
         } = parts;
+        let norm = RmsNorm::new(norm, cfg.rms_norm_eps as f32)?;
+        let (mut blocks, mut lm_head) = (blocks, lm_head);
+        if opts.gemv_pdl && device.is_cuda() {
+            for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
+                l.set_pdl(true)?;
+            }
+            lm_head.set_pdl(true)?;
+        }
         let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         if opts.batch == 0 {
             bail!("LoadOptions::batch must be at least 1")
@@ -420,7 +430,6 @@ impl Llama {
             lm_head,
             dtype,
             step_buffers,
-            cfg,
             ..
         } = self;
         let bufs = step_buffers.as_mut().context("decode: no step buffers")?;
@@ -438,7 +447,6 @@ impl Llama {
             caches,
             norm,
             lm_head,
-            eps: cfg.rms_norm_eps as f32,
             dtype: *dtype,
         };
         let graph = self.cuda_graph && self.device.is_cuda();
@@ -545,7 +553,7 @@ impl Llama {
     }
 
     fn logits(&self, h: &Tensor) -> candle_core::Result<Tensor> {
-        let x = candle_nn::ops::rms_norm(h, &self.norm, self.cfg.rms_norm_eps as f32)?;
+        let x = self.norm.forward(h)?;
         self.lm_head.forward(&x)?.to_dtype(DType::F32)
     }
 

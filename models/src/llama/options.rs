@@ -35,6 +35,12 @@ pub struct LoadOptions {
     /// graph (recorded at the second step, replayed from then on); default `true`. `false`
     /// runs the same step eagerly, kernel by kernel.
     pub cuda_graph: bool,
+    /// Launch the GEMVs with programmatic dependent launch ([`QuantLinear::set_pdl`]): each
+    /// starts while the kernel before it runs, issuing its weight loads, and waits for that
+    /// kernel's output on the device. Default `true` (sm_90 and newer; ignored elsewhere).
+    ///
+    /// [`QuantLinear::set_pdl`]: candle_fp4::quant_linear::QuantLinear::set_pdl
+    pub gemv_pdl: bool,
 }
 
 /// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
@@ -53,6 +59,7 @@ impl Default for LoadOptions {
             allow_long_context: false,
             batch: 1,
             cuda_graph: true,
+            gemv_pdl: true,
         }
     }
 }

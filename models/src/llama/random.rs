@@ -132,7 +132,7 @@ pub(super) fn random_parts(
             ones.clone(),
             mlp,
             eps,
-        ));
+        )?);
     }
     let embed = gen
         .normal((cfg.vocab_size, h), 1.0)?

@@ -5,23 +5,28 @@
 //! in a CUDA graph ([`super::graph`]) and replayed at every position up to the capacity.
 //!
 //! The step writes its own next inputs: the argmax into `ids` and `positions + 1` into
-//! `positions`, so greedy decoding replays the graph with no host write at all; only the new
+//! `positions` (one kernel, [`GreedyStep`]), so greedy decoding replays the graph with no host write at all; only the new
 //! token ids (or the logits when sampling) are read back.
 
 use super::block::Block;
+use super::norm::RmsNorm;
 use crate::kv_cache::LayerCache;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Module, Tensor};
+use candle_fp4::greedy::GreedyStep;
 use candle_fp4::quant_linear::QuantLinear;
 
-/// The device buffers a step reads and writes, allocated once per model (a captured graph
-/// holds their addresses).
+/// The device buffers a step reads and writes, and the ops of its tail, made once per model
+/// (a captured graph holds their addresses).
 #[derive(Debug)]
 pub(crate) struct StepBuffers {
-    /// U32 `[batch]`: the tokens the next step feeds (the last step's argmax, or written by
-    /// the host).
+    /// U32 `[2, batch]`: row 0 the tokens the next step feeds (the last step's argmax, or
+    /// written by the host), row 1 each sequence's position in the next step (its cached
+    /// length). One tensor, so the greedy tail writes both in one kernel.
+    pub state: Tensor,
+    /// `state[0]`, a view.
     pub ids: Tensor,
-    /// U32 `[batch]`: each sequence's position in the next step (its cached length).
+    /// `state[1]`, a view.
     pub positions: Tensor,
     /// F32 `[batch, vocab]`: the last logits step's logits.
     pub logits: Tensor,
@@ -29,16 +34,21 @@ pub(crate) struct StepBuffers {
     pub positions_host: Vec<usize>,
     /// Whether `ids` holds the last step's argmax (greedy continuation without a host write).
     pub ids_are_argmax: bool,
+    /// Argmax into `ids`, positions + 1.
+    pub greedy: GreedyStep,
 }
 
 impl StepBuffers {
     pub(crate) fn new(batch: usize, vocab: usize, device: &Device) -> Result<Self> {
+        let state = Tensor::zeros((2, batch), DType::U32, device)?;
         Ok(Self {
-            ids: Tensor::zeros(batch, DType::U32, device)?,
-            positions: Tensor::zeros(batch, DType::U32, device)?,
+            ids: state.get(0)?,
+            positions: state.get(1)?,
+            state,
             logits: Tensor::zeros((batch, vocab), DType::F32, device)?,
             positions_host: vec![0; batch],
             ids_are_argmax: false,
+            greedy: GreedyStep::new(batch, vocab, device)?,
         })
     }
 
@@ -68,9 +78,8 @@ pub(crate) struct StepModel<'a> {
     pub embed: &'a Tensor,
     pub blocks: &'a [Block],
     pub caches: &'a mut [LayerCache],
-    pub norm: &'a Tensor,
+    pub norm: &'a RmsNorm,
     pub lm_head: &'a QuantLinear,
-    pub eps: f32,
     pub dtype: DType,
 }
 
@@ -92,19 +101,22 @@ pub(crate) fn run_step(
     out: StepOutput,
     for_graph: bool,
 ) -> candle_core::Result<()> {
-    let batch = bufs.ids.dim(0)?;
     let mut x = m.embed.index_select(&bufs.ids, 0)?.to_dtype(m.dtype)?;
+    // Each layer leaves its MLP output for the next one's fused residual add + norm.
+    let mut delta: Option<Tensor> = None;
     for (b, cache) in m.blocks.iter().zip(m.caches.iter_mut()) {
-        x = b.forward_decode(&x, &bufs.positions, cache, for_graph)?;
+        let (r, d) = b.forward_decode(&x, delta.as_ref(), &bufs.positions, cache, for_graph)?;
+        (x, delta) = (r, Some(d));
     }
-    let x = candle_nn::ops::rms_norm(&x, m.norm, m.eps)?;
-    let logits = m.lm_head.forward(&x)?.to_dtype(DType::F32)?;
-    let next = logits.argmax_keepdim(1)?.reshape(batch)?;
-    bufs.ids.slice_set(&next, 0, 0)?;
-    bufs.positions
-        .slice_set(&bufs.positions.affine(1.0, 1.0)?, 0, 0)?;
+    let (_, h) = m.norm.add_forward(&x, delta.as_ref())?;
+    let logits = m.lm_head.forward(&h)?;
+    let logits = match logits.dtype() {
+        DType::BF16 | DType::F32 => logits,
+        _ => logits.to_dtype(DType::F32)?,
+    };
+    bufs.greedy.apply(&bufs.state, &logits)?;
     if out == StepOutput::Logits {
-        bufs.logits.slice_set(&logits, 0, 0)?;
+        bufs.logits.slice_set(&logits.to_dtype(DType::F32)?, 0, 0)?;
     }
     Ok(())
 }

@@ -1,0 +1,125 @@
+// rmsnorm.cu: the decode step's residual add fused with the RMSNorm that follows it, one
+// CTA per row: s = x + delta (written out: the residual stream), out = rms_norm(s)·weight.
+//
+// Layout: x, delta, sum, out bf16 [rows][n] contiguous; weight bf16 [n]; delta may be null
+// (the first layer: out = rms_norm(x)·weight, sum untouched).
+//
+// Numerics are those of candle_nn::ops::rms_norm on the CPU (the crate's reference, so the
+// decode step equals the model's forward on the CPU and the GPU follows the same
+// arithmetic): s = bf16(x + delta); m = bf16(sqrt(Σ s² / n + eps)) with the sum in f32;
+// out = bf16(bf16(s / m) · w). Each operation is an IEEE _rn intrinsic so nvcc cannot
+// contract or approximate it. Only the order of the f32 sum of squares differs from the
+// CPU's sequential sum; it can move m by one bf16 rounding in rare rows (the tests' bound).
+//
+// PDL: the kernel waits for the previous kernel (which wrote x and delta) before reading,
+// and lets its dependent launch at once: the next GEMV issues its weight loads while this
+// kernel runs, and its own griddepcontrol.wait holds it until this one has finished.
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include "rmsnorm.cuh"
+#include "pdl.cuh"
+
+constexpr int NORM_THREADS = 256;
+// The vector path: 8 bf16 (16 bytes) per load, up to NORM_VITERS loads per thread kept in
+// registers between the two passes (rows of up to 8·256·8 = 16384 values).
+constexpr int NORM_VITERS = 8;
+
+__device__ __forceinline__ float block_sum(float acc) {
+    __shared__ float part[NORM_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    float tot = 0.f;
+    for (int i = 0; i < NORM_THREADS / 32; ++i) tot = __fadd_rn(tot, part[i]);
+    return tot;
+}
+
+// m = bf16(sqrt(Σ s² / n + eps)), as f32.
+__device__ __forceinline__ float norm_m(float tot, int n, float eps) {
+    return __bfloat162float(
+        __float2bfloat16_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(tot, float(n)), eps))));
+}
+
+__device__ __forceinline__ __nv_bfloat16 norm_one(__nv_bfloat16 s, float m, __nv_bfloat16 w) {
+    const __nv_bfloat16 q = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(s), m));
+    return __float2bfloat16_rn(__fmul_rn(__bfloat162float(q), __bfloat162float(w)));
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
+    cfp4::griddep_wait();
+    cfp4::griddep_launch_dependents();
+    const size_t base = size_t(blockIdx.x) * p.n;
+    const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x) + base;
+    const __nv_bfloat16* __restrict__ d =
+        p.delta ? static_cast<const __nv_bfloat16*>(p.delta) + base : nullptr;
+    __nv_bfloat16* __restrict__ s_out = static_cast<__nv_bfloat16*>(p.sum) + base;
+    __nv_bfloat16* __restrict__ out = static_cast<__nv_bfloat16*>(p.out) + base;
+    const __nv_bfloat16* __restrict__ w = static_cast<const __nv_bfloat16*>(p.weight);
+
+    if (p.vec) {
+        // Every load first (independent), then the sums, the reduction and the outputs.
+        const int nv = p.n / 8;
+        uint4 xs[NORM_VITERS], ds[NORM_VITERS];
+#pragma unroll
+        for (int it = 0; it < NORM_VITERS; ++it) {
+            const int v = it * NORM_THREADS + threadIdx.x;
+            if (v < nv) {
+                xs[it] = reinterpret_cast<const uint4*>(x)[v];
+                if (d) ds[it] = reinterpret_cast<const uint4*>(d)[v];
+            }
+        }
+        float acc = 0.f;
+#pragma unroll
+        for (int it = 0; it < NORM_VITERS; ++it) {
+            const int v = it * NORM_THREADS + threadIdx.x;
+            if (v < nv) {
+                __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(&xs[it]);
+                if (d) {
+                    const __nv_bfloat16* dd = reinterpret_cast<const __nv_bfloat16*>(&ds[it]);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) s[j] = __hadd_rn(s[j], dd[j]);
+                    reinterpret_cast<uint4*>(s_out)[v] = xs[it];
+                }
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float f = __bfloat162float(s[j]);
+                    acc = __fadd_rn(acc, __fmul_rn(f, f));
+                }
+            }
+        }
+        const float m = norm_m(block_sum(acc), p.n, p.eps);
+#pragma unroll
+        for (int it = 0; it < NORM_VITERS; ++it) {
+            const int v = it * NORM_THREADS + threadIdx.x;
+            if (v < nv) {
+                const uint4 wv = reinterpret_cast<const uint4*>(w)[v];
+                const __nv_bfloat16* s = reinterpret_cast<const __nv_bfloat16*>(&xs[it]);
+                const __nv_bfloat16* ww = reinterpret_cast<const __nv_bfloat16*>(&wv);
+                uint4 o;
+                __nv_bfloat16* oo = reinterpret_cast<__nv_bfloat16*>(&o);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) oo[j] = norm_one(s[j], m, ww[j]);
+                reinterpret_cast<uint4*>(out)[v] = o;
+            }
+        }
+        return;
+    }
+    // Any length or alignment: element by element, the sum re-read from this thread's own
+    // stores.
+    float acc = 0.f;
+    for (int c = threadIdx.x; c < p.n; c += NORM_THREADS) {
+        __nv_bfloat16 s = x[c];
+        if (d) {
+            s = __hadd_rn(s, d[c]);
+            s_out[c] = s;
+        }
+        const float f = __bfloat162float(s);
+        acc = __fadd_rn(acc, __fmul_rn(f, f));
+    }
+    const float m = norm_m(block_sum(acc), p.n, p.eps);
+    for (int c = threadIdx.x; c < p.n; c += NORM_THREADS) {
+        const __nv_bfloat16 s = d ? s_out[c] : x[c];
+        out[c] = norm_one(s, m, w[c]);
+    }
+}
