@@ -17,7 +17,7 @@ t() { # one test binary: its log under $OUT, the summary lines here
 }
 trace() { # $1 = decode_bench row name, $2 = log tag
     echo "== trace $1"
-    CFP4_DECODE_ONLY="$1" CFP4_DECODE_TRACE=1 timeout 200 "$NCU" --profile-from-start off \
+    CFP4_DECODE_ONLY="=$1" CFP4_DECODE_TRACE=1 timeout 200 "$NCU" --profile-from-start off \
         --graph-profiling node --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum --csv --page raw --print-units base \
         ./.carry/decode_bench --bench > "$OUT/trace-$2.csv" 2> "$OUT/trace-$2.err"
@@ -35,6 +35,9 @@ trace)
     trace "smollm2 nvfp4 b1 ctx512 kvbf16 graph" smollm2
     trace "8b nvfp4 b1 ctx512 kvbf16 graph" 8b
     ;;
+trace8b)
+    trace "8b nvfp4 b1 ctx512 kvbf16 graph" 8b
+    ;;
 tune)
     echo "== tune"
     timeout 120 ./.carry/tune --config tests/data/modelopt_tiny/config.json \
@@ -45,6 +48,6 @@ bench)
     echo "== decode_bench"
     CFP4_DECODE_TRACE=1 timeout 300 ./.carry/decode_bench --bench > "$OUT/decode_bench.log" 2>&1
     echo "rc $?"; grep -A1 "step GPU time" "$OUT/decode_bench.log" | grep -v "^--" | paste - - | cut -c1-150
-    tail -14 "$OUT/decode_bench.log"
+    tail -24 "$OUT/decode_bench.log"
     ;;
 esac; done

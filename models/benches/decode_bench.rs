@@ -14,13 +14,13 @@
 //! run as the reference the targets are stated against.
 //!
 //!   cargo bench -p candle-fp4-models --features cuda,peers --bench decode_bench
-//!   CFP4_DECODE_ONLY=smollm2 ... (rows whose name contains the string)
+//!   CFP4_DECODE_ONLY=smollm2 ... (rows whose name contains the string; `=name`: that row)
 //!   CFP4_DECODE_TRACE=1 ... (one more step between cuProfilerStart / Stop, for ncu, and its
 //!   GPU time between CUDA events)
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, D};
-use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4::kv_cache::{DecodeOptions, KvCacheKind};
 use candle_fp4_models::config::LlamaConfig;
 use candle_fp4_models::{Llama, LoadOptions, RandomSpec};
 use std::collections::HashMap;
@@ -51,6 +51,9 @@ struct Case {
     graph: bool,
     /// GEMVs launched with PDL ([`LoadOptions::gemv_pdl`]).
     pdl: bool,
+    /// The attention's launch options (a tuning knob: the default won every variant
+    /// measured, docs/logs/s11/attn-variants-decode_bench.log).
+    attn: DecodeOptions,
 }
 
 struct Row {
@@ -97,6 +100,7 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         batch: c.batch,
         cuda_graph: c.graph,
         gemv_pdl: c.pdl,
+        decode_attention: c.attn,
         ..LoadOptions::default()
     };
     let spec = RandomSpec {
@@ -236,6 +240,7 @@ fn cases() -> Vec<Case> {
         let nopdl = if pdl { "" } else { " no-pdl" };
         v.push(Case {
             name: format!("{model} b{batch} ctx{ctx} {kvn} {mode}{nopdl}"),
+            attn: DecodeOptions::default(),
             cfg,
             nvfp4,
             kv,
@@ -278,7 +283,12 @@ fn main() -> Result<()> {
     let bw = copy_bandwidth(&dev)?;
     eprintln!("copy bandwidth {:.0} GB/s", bw / 1e9);
     let mut rows = vec![];
-    for c in cases().iter().filter(|c| c.name.contains(&only)) {
+    // `=name`: that row only; otherwise every row whose name contains the string.
+    let pick = |name: &str| match only.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(&only),
+    };
+    for c in cases().iter().filter(|c| pick(&c.name)) {
         match ours(c, &dev) {
             Ok(r) => {
                 eprintln!("{}: {:.3} ms/step", r.name, r.step.as_secs_f64() * 1e3);

@@ -15,7 +15,7 @@
 //! `prefill` and `decode` work on one sequence, [`LayerCache::sequence`] (0 by default).
 
 use candle_core::{bail, DType, Device, Result, Tensor};
-use candle_fp4::kv_cache::{CacheShape, KvCache, KvCacheKind};
+use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
 
 /// One layer's cache.
 #[derive(Debug)]
@@ -26,6 +26,8 @@ pub struct LayerCache {
     head_dim: usize,
     /// The sequence `prefill` and `decode` work on.
     seq: usize,
+    /// Launch options of `decode_batch`'s attention.
+    decode_opts: DecodeOptions,
 }
 
 /// `[n_kv, t, d]` (any float dtype) → BF16 `[t, n_kv, d]`, the cache's layout.
@@ -56,7 +58,14 @@ impl LayerCache {
             n_kv,
             head_dim,
             seq: 0,
+            decode_opts: DecodeOptions::default(),
         })
+    }
+
+    /// Sets the launch options of [`decode_batch`](Self::decode_batch)'s attention (a
+    /// tuning knob; the default is the measured choice).
+    pub fn set_decode_options(&mut self, opts: DecodeOptions) {
+        self.decode_opts = opts;
     }
 
     /// Selects the sequence later `prefill` and `decode` calls work on.
@@ -112,9 +121,10 @@ impl LayerCache {
         self.inner.append_decode(&bf(k)?, &bf(v)?)?;
         let q = bf(q)?;
         if for_graph {
-            self.inner.decode_attention_capacity(&q)
+            self.inner
+                .decode_attention_capacity_with(&q, &self.decode_opts)
         } else {
-            self.inner.decode_attention(&q)
+            self.inner.decode_attention_with(&q, &self.decode_opts)
         }
     }
 

@@ -225,9 +225,18 @@ impl KvCache {
     /// serve every length, which is what a captured CUDA graph replays. Same result up to the
     /// FP32 summation order of the split merge; at short lengths some splits are empty.
     pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
+        self.decode_attention_capacity_with(q, &DecodeOptions::default())
+    }
+
+    /// [`decode_attention_capacity`](Self::decode_attention_capacity) with launch options.
+    pub fn decode_attention_capacity_with(
+        &self,
+        q: &Tensor,
+        opts: &DecodeOptions,
+    ) -> Result<Tensor> {
         match self {
-            Self::Bf16(c) => c.decode_attention_capacity(q),
-            Self::UltraQuant(c) => c.decode_attention_capacity(q),
+            Self::Bf16(c) => c.decode_attention_capacity_with(q, opts),
+            Self::UltraQuant(c) => c.decode_attention_capacity_with(q, opts),
         }
     }
 

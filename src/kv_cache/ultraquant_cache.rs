@@ -273,7 +273,16 @@ impl UltraQuantCache {
     /// Decode attention whose splits are planned for the capacity (see
     /// [`KvCache::decode_attention_capacity`](super::KvCache::decode_attention_capacity)).
     pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
-        self.attention(q, &DecodeOptions::default(), self.shape.capacity)
+        self.decode_attention_capacity_with(q, &DecodeOptions::default())
+    }
+
+    /// [`decode_attention_capacity`](Self::decode_attention_capacity) with launch options.
+    pub fn decode_attention_capacity_with(
+        &self,
+        q: &Tensor,
+        opts: &DecodeOptions,
+    ) -> Result<Tensor> {
+        self.attention(q, opts, self.shape.capacity)
     }
 
     /// Appends one token per sequence, BF16 `k`, `v` `[batch, kv_heads, head_dim]`, at the

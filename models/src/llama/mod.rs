@@ -193,13 +193,15 @@ impl Llama {
         }
         let caches = (0..cfg.num_hidden_layers)
             .map(|_| {
-                LayerCache::new(
+                let mut c = LayerCache::new(
                     opts.kv_cache,
                     (opts.batch, nkv, hd),
                     max_seq_len,
                     opts.kv_window,
                     device,
-                )
+                )?;
+                c.set_decode_options(opts.decode_attention);
+                Ok(c)
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {

@@ -1,7 +1,7 @@
 //! [`LoadOptions`]: how a model is loaded (KV cache, context, batch, CUDA graph).
 
 use candle_core::{DType, Device};
-use candle_fp4::kv_cache::KvCacheKind;
+use candle_fp4::kv_cache::{DecodeOptions, KvCacheKind};
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -41,6 +41,9 @@ pub struct LoadOptions {
     ///
     /// [`QuantLinear::set_pdl`]: candle_fp4::quant_linear::QuantLinear::set_pdl
     pub gemv_pdl: bool,
+    /// Launch options of the decode step's attention (splits, merge, PDL): a tuning knob of
+    /// the benchmarks; the default is the measured choice.
+    pub decode_attention: DecodeOptions,
 }
 
 /// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
@@ -60,6 +63,7 @@ impl Default for LoadOptions {
             batch: 1,
             cuda_graph: true,
             gemv_pdl: true,
+            decode_attention: DecodeOptions::default(),
         }
     }
 }
