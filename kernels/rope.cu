@@ -13,30 +13,75 @@
 // `a * c - b * s` on bf16 operators, which nvcc may contract: it can differ from both by
 // one rounding.) A position past the tables reads the last row (the caller checks
 // positions against the cache capacity the tables cover).
+//
+// With a cache (kv non-null) the kernel is also the decode step's KV append: the rotated k
+// and the v heads are written into the BF16 cache at each sequence's device length, and the
+// lengths advance by one (what took an append kernel and a lengths kernel); the layout of
+// that cache is in rope.cuh.
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "rope.cuh"
 
-// One thread per (row, head, i < d/2).
-extern "C" __global__ void __launch_bounds__(256) cfp4_qkv_rope(const __grid_constant__ QkvRopeParams p) {
+constexpr int ROPE_THREADS = 256;
+
+// Grid (q CTAs + 1, batch): CTA x < gridDim.x − 1 of row b rotates 256 (q head, i < d/2)
+// pairs; the row's last CTA loops over its k and v heads (rotating k, copying v) and, with
+// a cache, stores them at the row's length and advances it, so no other CTA reads that
+// length (no atomics).
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS) cfp4_qkv_rope(const __grid_constant__ QkvRopeParams p) {
     const int half = p.d / 2;
-    const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (idx >= size_t(p.batch) * p.heads * half) return;
-    const int i = int(idx % half);
-    const int h = int((idx / half) % p.heads);
-    const int b = int(idx / half / p.heads);
-    const size_t base = (size_t(b) * p.heads + h) * p.d;
-    const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.qkv) + base;
-    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.out) + base;
-    const __nv_bfloat16 x1 = x[i], x2 = x[i + half];
-    if (h >= p.rot_heads) {
-        y[i] = x1;
-        y[i + half] = x2;
+    const int kv_heads = p.heads - p.rot_heads;
+    const int q_heads = p.rot_heads - kv_heads;
+    const int b = blockIdx.y;
+    const size_t row_base = size_t(b) * p.heads * p.d;
+    const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.qkv) + row_base;
+    __nv_bfloat16* y = static_cast<__nv_bfloat16*>(p.out) + row_base;
+    const uint32_t pos = min(p.positions[b], uint32_t(p.max_pos - 1));
+    const __nv_bfloat16* cos = static_cast<const __nv_bfloat16*>(p.cos) + size_t(pos) * half;
+    const __nv_bfloat16* sin = static_cast<const __nv_bfloat16*>(p.sin) + size_t(pos) * half;
+    // Head h, pair i: rotated (h < rot_heads) or copied; returns the two outputs.
+    auto one = [&](int h, int i, __nv_bfloat16& y1, __nv_bfloat16& y2) {
+        const __nv_bfloat16 x1 = x[h * p.d + i], x2 = x[h * p.d + i + half];
+        y1 = x1;
+        y2 = x2;
+        if (h < p.rot_heads) {
+            const __nv_bfloat16 c = cos[i], s = sin[i];
+            y1 = __hsub_rn(__hmul_rn(x1, c), __hmul_rn(x2, s));
+            y2 = __hadd_rn(__hmul_rn(x1, s), __hmul_rn(x2, c));
+        }
+        y[h * p.d + i] = y1;
+        y[h * p.d + i + half] = y2;
+    };
+    if (blockIdx.x + 1 < gridDim.x) {
+        const int item = blockIdx.x * ROPE_THREADS + threadIdx.x;
+        if (item < q_heads * half) {
+            __nv_bfloat16 y1, y2;
+            one(item / half, item % half, y1, y2);
+        }
         return;
     }
-    const uint32_t pos = min(p.positions[b], uint32_t(p.max_pos - 1));
-    const __nv_bfloat16 c = static_cast<const __nv_bfloat16*>(p.cos)[size_t(pos) * half + i];
-    const __nv_bfloat16 s = static_cast<const __nv_bfloat16*>(p.sin)[size_t(pos) * half + i];
-    y[i] = __hsub_rn(__hmul_rn(x1, c), __hmul_rn(x2, s));
-    y[i + half] = __hadd_rn(__hmul_rn(x1, s), __hmul_rn(x2, c));
+    uint32_t len = 0;
+    bool store = false;
+    if (p.kv) {
+        len = p.lens[b];
+        store = len < uint32_t(p.limit);
+    }
+    const size_t plane = size_t(p.batch) * p.rows * kv_heads * p.d;
+    const size_t row = size_t(len % uint32_t(p.rows));
+    for (int item = threadIdx.x; item < 2 * kv_heads * half; item += ROPE_THREADS) {
+        const int h = q_heads + item / half, i = item % half;
+        __nv_bfloat16 y1, y2;
+        one(h, i, y1, y2);
+        if (store) {
+            const int z = h < p.rot_heads ? 0 : 1;  // K or V
+            const int kh = z == 0 ? h - q_heads : h - p.rot_heads;
+            __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.kv) + z * plane +
+                                 ((size_t(b) * p.rows + row) * kv_heads + kh) * p.d;
+            dst[i] = y1;
+            dst[i + half] = y2;
+        }
+    }
+    if (!p.kv) return;
+    __syncthreads();  // every thread of the CTA has read the length
+    if (threadIdx.x == 0) p.lens[b] = len + 1;
 }

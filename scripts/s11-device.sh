@@ -35,6 +35,9 @@ trace)
     trace "smollm2 nvfp4 b1 ctx512 kvbf16 graph" smollm2
     trace "8b nvfp4 b1 ctx512 kvbf16 graph" 8b
     ;;
+trace1)
+    trace "smollm2 nvfp4 b1 ctx512 kvbf16 graph" smollm2
+    ;;
 trace8b)
     trace "8b nvfp4 b1 ctx512 kvbf16 graph" 8b
     ;;

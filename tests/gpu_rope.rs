@@ -49,3 +49,77 @@ fn gpu_equals_cpu_bit_for_bit() -> candle_core::Result<()> {
     }
     Ok(())
 }
+
+/// The rope fused with the decode append (`Bf16Cache::append_decode_rope`) against the rope
+/// followed by the cache's own `append_decode`, on the GPU: the rotated heads, every
+/// sequence's cache contents and the lengths must agree bit for bit (the kernel copies the
+/// rope's BF16 outputs; nothing is rounded twice). Three sequences of different lengths,
+/// several rounds (a lengths advance missed or doubled would write the wrong rows), up to
+/// a full cache, which both refuse.
+#[test]
+fn fused_append_equals_rope_then_append() -> candle_core::Result<()> {
+    use candle_fp4::kv_cache::{Bf16Cache, CacheShape};
+    use rand::{Rng, SeedableRng};
+    let gpu = Device::new_cuda(0)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut rand_bf16 = |shape: &[usize]| -> candle_core::Result<Tensor> {
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        Tensor::from_vec(v, shape, &gpu)?.to_dtype(DType::BF16)
+    };
+    let (nq, nkv, d, batch, cap) = (8usize, 2usize, 128usize, 3usize, 12usize);
+    let heads = nq + 2 * nkv;
+    let cos = rand_bf16(&[64, d / 2])?;
+    let sin = rand_bf16(&[64, d / 2])?;
+    let rope = QkvRope::new(nq, nkv, d, &cos, &sin)?;
+    let shape = CacheShape {
+        batch,
+        capacity: cap,
+        kv_heads: nkv,
+        head_dim: d,
+    };
+    let (mut a, mut b) = (Bf16Cache::new(shape, &gpu)?, Bf16Cache::new(shape, &gpu)?);
+    for (s, n) in [(0usize, 0usize), (1, 5), (2, 9)] {
+        if n > 0 {
+            let (k, v) = (rand_bf16(&[n, nkv, d])?, rand_bf16(&[n, nkv, d])?);
+            a.append_seq(s, &k, &v)?;
+            b.append_seq(s, &k, &v)?;
+        }
+    }
+    let host = |t: &Tensor| -> candle_core::Result<Vec<u16>> {
+        Ok(t.to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect())
+    };
+    for round in 0..3 {
+        let qkv = rand_bf16(&[batch, heads * d])?;
+        let pos: Vec<u32> = a.lens().iter().map(|&n| n as u32).collect();
+        let pos = Tensor::new(pos.as_slice(), &gpu)?;
+        let fused = a.append_decode_rope(&rope, &qkv, &pos)?;
+        let r = rope.forward(&qkv, &pos)?;
+        let k = r.narrow(1, nq, nkv)?.contiguous()?;
+        let v = r.narrow(1, nq + nkv, nkv)?.contiguous()?;
+        b.append_decode(&k, &v)?;
+        assert_eq!(host(&fused)?, host(&r)?, "round {round}: rotated heads");
+        assert_eq!(a.lens(), b.lens(), "round {round}: host lengths");
+        assert_eq!(
+            a.lens_tensor().to_vec1::<u32>()?,
+            b.lens_tensor().to_vec1::<u32>()?,
+            "round {round}: device lengths"
+        );
+        for s in 0..batch {
+            let ((ka, va), (kb, vb)) = (a.read_bf16(s)?, b.read_bf16(s)?);
+            assert_eq!(host(&ka)?, host(&kb)?, "round {round} seq {s}: K");
+            assert_eq!(host(&va)?, host(&vb)?, "round {round} seq {s}: V");
+        }
+    }
+    // Sequence 2 is full (9 + 3 = 12): both refuse, and nothing moves.
+    let qkv = rand_bf16(&[batch, heads * d])?;
+    let pos = Tensor::new(&[3u32, 8, 12], &gpu)?;
+    assert!(a.append_decode_rope(&rope, &qkv, &pos).is_err());
+    assert_eq!(a.lens(), &[3, 8, 12]);
+    Ok(())
+}

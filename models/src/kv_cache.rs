@@ -16,6 +16,7 @@
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
+use candle_fp4::rope::QkvRope;
 
 /// One layer's cache.
 #[derive(Debug)]
@@ -120,6 +121,33 @@ impl LayerCache {
         let bf = |t: &Tensor| t.to_dtype(DType::BF16);
         self.inner.append_decode(&bf(k)?, &bf(v)?)?;
         let q = bf(q)?;
+        if for_graph {
+            self.inner
+                .decode_attention_capacity_with(&q, &self.decode_opts)
+        } else {
+            self.inner.decode_attention_with(&q, &self.decode_opts)
+        }
+    }
+
+    /// Whether [`decode_batch_rope`](Self::decode_batch_rope) runs here (a BF16 cache on
+    /// CUDA).
+    pub fn fuses_rope_append(&self) -> bool {
+        self.inner.fuses_rope_append()
+    }
+
+    /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection: the rope and
+    /// the append in one kernel ([`KvCache::append_decode_rope`]), then the attention of the
+    /// rotated q heads (the first `q_heads` of each row) over each sequence.
+    pub fn decode_batch_rope(
+        &mut self,
+        rope: &QkvRope,
+        qkv: &Tensor,
+        positions: &Tensor,
+        q_heads: usize,
+        for_graph: bool,
+    ) -> Result<Tensor> {
+        let r = self.inner.append_decode_rope(rope, qkv, positions)?;
+        let q = r.narrow(1, 0, q_heads)?;
         if for_graph {
             self.inner
                 .decode_attention_capacity_with(&q, &self.decode_opts)

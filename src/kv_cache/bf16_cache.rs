@@ -6,6 +6,7 @@ use super::ops::{make_plan, KvAppend, KvAttention, PlanRef};
 use super::shape::{
     check_decode_kv, check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind,
 };
+use crate::rope::{AppendTarget, QkvRope};
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// BF16 KV cache of one layer: K and V in one preallocated BF16 tensor
@@ -147,6 +148,33 @@ impl Bf16Cache {
         self.kv
             .inplace_op3(&k.contiguous()?, &v.contiguous()?, &op)?;
         self.lens.advance(&self.plan, 0, sh.batch, 1)
+    }
+
+    /// The decode step's rope and append in one kernel (CUDA): `qkv` BF16 `[batch, (q_heads
+    /// + 2·kv_heads)·head_dim]` at `positions` U32 `[batch]` → the rotated heads `[batch,
+    /// q_heads + 2·kv_heads, head_dim]` ([`QkvRope::forward`]), the k and v heads also
+    /// stored at the lengths on the device and the lengths advanced: the same cache contents
+    /// and lengths as [`append_decode`](Self::append_decode) of the rope's k and v, with two
+    /// kernels less. Errors, writing nothing, when a sequence is full (by the host lengths).
+    pub fn append_decode_rope(
+        &mut self,
+        rope: &QkvRope,
+        qkv: &Tensor,
+        positions: &Tensor,
+    ) -> Result<Tensor> {
+        const WHAT: &str = "Bf16Cache::append_decode_rope";
+        let sh = self.shape;
+        check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
+        let to = AppendTarget {
+            kv: &self.kv,
+            lens: &self.lens.dev,
+            limit: sh.capacity,
+        };
+        let out = rope.forward_append(qkv, positions, &to)?;
+        for n in &mut self.lens.host {
+            *n += 1;
+        }
+        Ok(out)
     }
 
     /// Sets the host copy of the lengths, leaving the device's as they are: after recording a

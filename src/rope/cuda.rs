@@ -55,6 +55,37 @@ pub(super) fn plan(dev: &CudaDevice, cos: &Tensor, sin: &Tensor, d: usize) -> Re
     })
 }
 
+/// The device pointers of an [`AppendTarget`](super::AppendTarget), resolved per call
+/// (the target's tensors outlive the launch: the caller holds them).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AppendPtrs {
+    kv: u64,
+    lens: u64,
+    rows: i32,
+    limit: i32,
+}
+
+pub(super) fn append_ptrs(t: &super::AppendTarget<'_>) -> Result<AppendPtrs> {
+    const OP: &str = "QkvRope::forward_append (cuda)";
+    fn ptr<T: candle_core::cuda_backend::CudaDType>(t: &Tensor, what: &str) -> Result<u64> {
+        let (st, l) = t.storage_and_layout();
+        let Storage::Cuda(cs) = &*st else {
+            bail!("{OP}: the {what} is not on the GPU")
+        };
+        let (a, b) = contiguous_range(OP, what, l)?;
+        let sl = cs.as_cuda_slice::<T>()?.slice(a..b);
+        let stream = cs.device().cuda_stream();
+        let (p, _g) = sl.device_ptr(&stream);
+        Ok(p)
+    }
+    Ok(AppendPtrs {
+        kv: ptr::<bf16>(t.kv, "cache")?,
+        lens: ptr::<u32>(t.lens, "lengths")?,
+        rows: t.kv.dim(2)? as i32,
+        limit: t.limit as i32,
+    })
+}
+
 /// The call's dimensions.
 pub(super) struct Shape {
     pub batch: usize,
@@ -70,6 +101,7 @@ pub(super) fn forward(
     lx: &Layout,
     pos: &CudaStorage,
     lp: &Layout,
+    append: Option<AppendPtrs>,
 ) -> Result<CudaStorage> {
     const OP: &str = "QkvRope (cuda)";
     let (xa, xb) = contiguous_range(OP, "qkv", lx)?;
@@ -104,10 +136,15 @@ pub(super) fn forward(
             d: s.d as i32,
             max_pos: plan.max_pos as i32,
             pad: 0,
+            kv: append.map_or(0, |a| a.kv),
+            lens: append.map_or(0, |a| a.lens),
+            rows: append.map_or(1, |a| a.rows),
+            limit: append.map_or(0, |a| a.limit),
         };
-        let threads = n / 2;
+        // The q heads' CTAs, then one CTA for the k and v heads, per row (rope.cu).
+        let q_items = (s.rot_heads - (s.heads - s.rot_heads)) * (s.d / 2);
         let l = Launch {
-            grid: (threads.div_ceil(256) as u32, 1, 1),
+            grid: ((q_items.div_ceil(256) + 1) as u32, s.batch as u32, 1),
             block: 256,
             cluster: 1,
             pdl: false,

@@ -156,6 +156,14 @@ impl Attention {
         let b = x.dim(0)?;
         let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
         let qkv = self.qkv.forward(x)?;
+        if let Some(f) = self.rope.fused() {
+            if qkv.dtype() == DType::BF16 && cache.fuses_rope_append() {
+                // One kernel rotates q and k and stores k and v in the cache.
+                let y = cache.decode_batch_rope(f, &qkv, positions, nh, for_graph)?;
+                let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
+                return self.o.forward(&y);
+            }
+        }
         let (q, k, v) = match self.rope.fused() {
             // One kernel: q and k rotated, v copied, [b, nh + 2·nkv, hd].
             Some(f) if qkv.dtype() == DType::BF16 => {
