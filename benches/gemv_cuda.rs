@@ -15,7 +15,6 @@
 //! Run: `cargo bench --features cuda --bench gemv_cuda` (or the built binary with
 //! `--bench`); `CFP4_BENCH_QUICK=1` runs fewer shapes. Prints the summary table last.
 
-use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::gemv::{
     bf16_gemv_with, nvfp4_gemv_with, packed_nvfp4_gemv_planned, GemvOptions, PackedNvfp4,
@@ -25,60 +24,9 @@ use std::time::Instant;
 
 type R<T> = candle_core::Result<T>;
 
-fn stream(dev: &Device) -> std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream> {
-    match dev {
-        Device::Cuda(d) => d.cuda_stream(),
-        _ => unreachable!("the bench runs on CUDA"),
-    }
-}
-
-fn err(e: impl std::fmt::Debug) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{e:?}"))
-}
-
 /// Median GPU milliseconds per call of `f` (called `calls` times per graph replay).
-fn gpu_time(
-    dev: &Device,
-    calls: usize,
-    replays: usize,
-    mut f: impl FnMut(usize) -> R<()>,
-) -> R<f64> {
-    let st = stream(dev);
-    for i in 0..calls.min(8) {
-        f(i)?; // warm-up: module load, cuBLAS handles
-    }
-    dev.synchronize()?;
-    st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(err)?;
-    let mut res = Ok(());
-    for i in 0..calls {
-        if let Err(e) = f(i) {
-            res = Err(e);
-            break;
-        }
-    }
-    let graph = st
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .map_err(err)?;
-    res?;
-    let graph = graph.ok_or_else(|| err("empty graph"))?;
-    graph.upload().map_err(err)?;
-    graph.launch().map_err(err)?;
-    dev.synchronize()?;
-    let mut times = Vec::with_capacity(replays);
-    for _ in 0..replays {
-        let a = st
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        graph.launch().map_err(err)?;
-        let b = st
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        b.synchronize().map_err(err)?;
-        times.push(a.elapsed_ms(&b).map_err(err)? as f64 / calls as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+fn gpu_time(dev: &Device, calls: usize, replays: usize, f: impl FnMut(usize) -> R<()>) -> R<f64> {
+    candle_fp4::timing::graph_ms_per_call(dev, calls, 8, replays, f)
 }
 
 /// Wall microseconds per eager call (host dispatch included).
@@ -95,28 +43,9 @@ fn wall_time(dev: &Device, calls: usize, mut f: impl FnMut(usize) -> R<()>) -> R
     Ok(t.elapsed().as_secs_f64() * 1e6 / calls as f64)
 }
 
-/// Device-to-device copy of 2 GiB (cuMemcpyDtoDAsync, eager: a graph's memcpy node ran
-/// at ~2.7 TB/s), bytes read + written per second; median of 9 events-timed copies.
+/// Device-to-device copy bandwidth, GB/s (read + written).
 fn copy_bandwidth(dev: &Device) -> R<f64> {
-    let bytes = 2usize << 30;
-    let st = stream(dev);
-    let a = st.alloc_zeros::<u8>(bytes).map_err(err)?;
-    let mut b = st.alloc_zeros::<u8>(bytes).map_err(err)?;
-    st.memcpy_dtod(&a, &mut b).map_err(err)?;
-    let mut t = Vec::new();
-    for _ in 0..9 {
-        let e0 = st
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        st.memcpy_dtod(&a, &mut b).map_err(err)?;
-        let e1 = st
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        e1.synchronize().map_err(err)?;
-        t.push(e0.elapsed_ms(&e1).map_err(err)? as f64);
-    }
-    t.sort_by(|a, b| a.total_cmp(b));
-    Ok(2.0 * bytes as f64 / (t[4] * 1e-3) / 1e9)
+    Ok(candle_fp4::timing::copy_bandwidth(dev)? / 1e9)
 }
 
 struct Row {

@@ -44,8 +44,11 @@
 
 namespace {
 
-// Warps per CTA: a launch parameter (blockDim.x = 32 * warps), at most MAX_WARPS.
-constexpr int MAX_WARPS = 8;
+// Warps per CTA: a launch parameter (blockDim.x = 32 * warps), at most MAX_WARPS (from
+// PGEMV_WARPS of src/variants.rs, through the generated instances file).
+#define CFP4_PGEMV_CONFIG
+#include "gemv_packed_instances.inc"
+#undef CFP4_PGEMV_CONFIG
 constexpr int MAX_THREADS = MAX_WARPS * 32;
 constexpr uint32_t kScaleMask = 0x0ff00ff0u;
 // Exponent base of T: its bits start above bit 11 on the software path, so "| base" is

@@ -32,6 +32,8 @@ pub mod quant_config;
 pub mod quant_linear;
 pub mod rope;
 pub mod tables;
+#[cfg(feature = "cuda")]
+pub mod timing;
 pub mod ultraquant;
 /// The one list of compiled kernel variants and kernel images: GEMV token tiles and cluster
 /// splits, decode-attention head_dims and query-head tiles, GPU architectures. `build.rs`

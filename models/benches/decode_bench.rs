@@ -68,28 +68,10 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Device-to-device copy bandwidth (read + write bytes per second): `cuMemcpyDtoDAsync` of
-/// 2 GiB timed with CUDA events, median of 9 (the method of `benches/gemv_cuda.rs`).
+/// Device-to-device copy bandwidth (read + write bytes per second), the method of
+/// `benches/gemv_cuda.rs` ([`candle_fp4::timing::copy_bandwidth`]).
 fn copy_bandwidth(dev: &Device) -> Result<f64> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    let Device::Cuda(cu) = dev else {
-        anyhow::bail!("decode_bench needs a CUDA device")
-    };
-    let st = cu.cuda_stream();
-    let bytes = 2usize << 30;
-    let a = st.alloc_zeros::<u8>(bytes)?;
-    let mut b = st.alloc_zeros::<u8>(bytes)?;
-    st.memcpy_dtod(&a, &mut b)?;
-    let mut t = Vec::new();
-    for _ in 0..9 {
-        let e0 = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        st.memcpy_dtod(&a, &mut b)?;
-        let e1 = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        e1.synchronize()?;
-        t.push(e0.elapsed_ms(&e1)? as f64);
-    }
-    t.sort_by(|a, b| a.total_cmp(b));
-    Ok(2.0 * bytes as f64 / (t[4] * 1e-3))
+    Ok(candle_fp4::timing::copy_bandwidth(dev)?)
 }
 
 fn ours(c: &Case, dev: &Device) -> Result<Row> {

@@ -150,12 +150,13 @@ impl Bf16Cache {
         self.lens.advance(&self.plan, 0, sh.batch, 1)
     }
 
-    /// The decode step's rope and append in one kernel (CUDA): `qkv` BF16 `[batch, (q_heads
-    /// + 2·kv_heads)·head_dim]` at `positions` U32 `[batch]` → the rotated heads `[batch,
-    /// q_heads + 2·kv_heads, head_dim]` ([`QkvRope::forward`]), the k and v heads also
-    /// stored at the lengths on the device and the lengths advanced: the same cache contents
-    /// and lengths as [`append_decode`](Self::append_decode) of the rope's k and v, with two
-    /// kernels less. Errors, writing nothing, when a sequence is full (by the host lengths).
+    /// The decode step's rope and append in one kernel (CUDA): `qkv` BF16 `[batch, heads ·
+    /// head_dim]` (heads = q_heads, then 2 · kv_heads) at `positions` U32 `[batch]` → the
+    /// rotated heads `[batch, heads, head_dim]` ([`QkvRope::forward`]), the k and v heads
+    /// also stored at the lengths on the device and the lengths advanced: the same cache
+    /// contents and lengths as [`append_decode`](Self::append_decode) of the rope's k and v,
+    /// with two kernels less. Errors, writing nothing, when a sequence is full (by the host
+    /// lengths).
     pub fn append_decode_rope(
         &mut self,
         rope: &QkvRope,

@@ -49,49 +49,13 @@ fn err(e: impl std::fmt::Debug) -> candle_core::Error {
     candle_core::Error::Msg(format!("{e:?}"))
 }
 
-/// Median µs per call of `f` over 9 replays of a graph of `calls` calls.
+/// Median GPU µs per call of `f` (`calls` calls in one CUDA graph, 9 timed replays).
 fn gpu_us(
     dev: &Device,
     calls: usize,
-    mut f: impl FnMut(usize) -> candle_core::Result<()>,
+    f: impl FnMut(usize) -> candle_core::Result<()>,
 ) -> Result<f64> {
-    let Device::Cuda(d) = dev else {
-        bail!("tune runs on a CUDA device")
-    };
-    let st = d.cuda_stream();
-    for i in 0..calls.min(4) {
-        f(i)?;
-    }
-    dev.synchronize()?;
-    st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(err)?;
-    let mut res = Ok(());
-    for i in 0..calls {
-        if let Err(e) = f(i) {
-            res = Err(e);
-            break;
-        }
-    }
-    let graph = st
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .map_err(err)?;
-    res?;
-    let graph = graph.context("empty graph")?;
-    graph.launch().map_err(err)?;
-    let mut t = vec![];
-    for _ in 0..9 {
-        let a = st
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        graph.launch().map_err(err)?;
-        let b = st
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        b.synchronize().map_err(err)?;
-        t.push(a.elapsed_ms(&b).map_err(err)? as f64 * 1e3 / calls as f64);
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[4])
+    Ok(candle_fp4::timing::graph_ms_per_call(dev, calls, 4, 9, f)? * 1e3)
 }
 
 /// (m, GEMV µs, matmul-path µs) of NVFP4 and of BF16 for one shape.

@@ -1,8 +1,8 @@
 //! The launch geometry rule of the packed GEMV (pure; the CUDA planner calls it once per
 //! layer and token tile).
 
-/// Warp counts the planner considers for one CTA (the kernel takes 1..=8).
-pub const PACKED_WARPS: std::ops::RangeInclusive<usize> = 2..=8;
+/// Warp counts the planner considers for one CTA (the one list, `variants::PGEMV_WARPS`).
+pub use crate::variants::PGEMV_WARPS as PACKED_WARPS;
 
 /// Warps per CTA and K split of the packed GEMV for `groups` work groups of `npairs`
 /// 128-wide K steps on `sms` SMs, where `occ[w]` CTAs of `w` warps fit on one SM
