@@ -1,6 +1,7 @@
 //! CUDA forward of [`QkvRope`](super::QkvRope) (`kernels/rope.cu`): the kernel resolved
 //! once when the op is made ([`plan`]), then launched without a lookup.
 
+use super::append::AppendTarget;
 use crate::cuda::{facts, launch, module, KernelFile, Launch};
 use crate::kernel_params::QkvRopeParams;
 use crate::layout::contiguous_range;
@@ -55,7 +56,7 @@ pub(super) fn plan(dev: &CudaDevice, cos: &Tensor, sin: &Tensor, d: usize) -> Re
     })
 }
 
-/// The device pointers of an [`AppendTarget`](super::AppendTarget), resolved per call
+/// The device pointers of an [`AppendTarget`], resolved per call
 /// (the target's tensors outlive the launch: the caller holds them).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AppendPtrs {
@@ -65,7 +66,7 @@ pub(super) struct AppendPtrs {
     limit: i32,
 }
 
-pub(super) fn append_ptrs(t: &super::AppendTarget<'_>) -> Result<AppendPtrs> {
+pub(super) fn append_ptrs(t: &AppendTarget<'_>) -> Result<AppendPtrs> {
     const OP: &str = "QkvRope::forward_append (cuda)";
     fn ptr<T: candle_core::cuda_backend::CudaDType>(t: &Tensor, what: &str) -> Result<u64> {
         let (st, l) = t.storage_and_layout();

@@ -6,8 +6,11 @@
 //! (`kernels/rope.cu`, which keeps nvcc from fusing a product and a sum: candle's own CUDA
 //! rope may, so it can differ from this by one BF16 rounding).
 
+mod append;
 #[cfg(feature = "cuda")]
 mod cuda;
+
+pub use append::AppendTarget;
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use half::bf16;
@@ -165,18 +168,6 @@ impl QkvRope {
     fn out_shape(&self, b: usize) -> Shape {
         Shape::from((b, self.q_heads + 2 * self.kv_heads, self.head_dim))
     }
-}
-
-/// Where [`QkvRope::forward_append`] stores the k and v heads (a BF16 KV cache's parts, see
-/// [`Bf16Cache::append_decode_rope`](crate::kv_cache::Bf16Cache::append_decode_rope)).
-#[derive(Debug, Clone, Copy)]
-pub struct AppendTarget<'a> {
-    /// BF16 `[2, batch, rows, kv_heads, head_dim]`: K, then V.
-    pub kv: &'a Tensor,
-    /// U32 `[batch]`: each sequence's length on the device (its next row, mod `rows`).
-    pub lens: &'a Tensor,
-    /// A sequence at this length or beyond is not written.
-    pub limit: usize,
 }
 
 /// A call of the rope with the append (CUDA).
