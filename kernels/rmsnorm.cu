@@ -11,9 +11,10 @@
 // contract or approximate it. Only the order of the f32 sum of squares differs from the
 // CPU's sequential sum; it can move m by one bf16 rounding in rare rows (the tests' bound).
 //
-// PDL: the kernel waits for the previous kernel (which wrote x and delta) before reading,
-// and lets its dependent launch at once: the next GEMV issues its weight loads while this
-// kernel runs, and its own griddepcontrol.wait holds it until this one has finished.
+// PDL: the kernel loads the weight first (written at load, before the previous kernel of
+// the stream), then waits for the previous kernel (which wrote x and delta) before reading
+// them, and lets its dependent launch at once: the next GEMV issues its weight loads while
+// this kernel runs, and its own griddepcontrol.wait holds it until this one has finished.
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "rmsnorm.cuh"
@@ -47,8 +48,6 @@ __device__ __forceinline__ __nv_bfloat16 norm_one(__nv_bfloat16 s, float m, __nv
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
-    cfp4::griddep_wait();
-    cfp4::griddep_launch_dependents();
     const size_t base = size_t(blockIdx.x) * p.n;
     const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x) + base;
     const __nv_bfloat16* __restrict__ d =
@@ -58,9 +57,17 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
     const __nv_bfloat16* __restrict__ w = static_cast<const __nv_bfloat16*>(p.weight);
 
     if (p.vec) {
-        // Every load first (independent), then the sums, the reduction and the outputs.
+        // Every load first (independent): the weight before griddepcontrol.wait (it is no
+        // kernel's output), x and delta after it; then the sums, the reduction, the outputs.
         const int nv = p.n / 8;
-        uint4 xs[NORM_VITERS], ds[NORM_VITERS];
+        uint4 xs[NORM_VITERS], ds[NORM_VITERS], ws[NORM_VITERS];
+#pragma unroll
+        for (int it = 0; it < NORM_VITERS; ++it) {
+            const int v = it * NORM_THREADS + threadIdx.x;
+            if (v < nv) ws[it] = reinterpret_cast<const uint4*>(w)[v];
+        }
+        cfp4::griddep_wait();
+        cfp4::griddep_launch_dependents();
 #pragma unroll
         for (int it = 0; it < NORM_VITERS; ++it) {
             const int v = it * NORM_THREADS + threadIdx.x;
@@ -93,9 +100,8 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
         for (int it = 0; it < NORM_VITERS; ++it) {
             const int v = it * NORM_THREADS + threadIdx.x;
             if (v < nv) {
-                const uint4 wv = reinterpret_cast<const uint4*>(w)[v];
                 const __nv_bfloat16* s = reinterpret_cast<const __nv_bfloat16*>(&xs[it]);
-                const __nv_bfloat16* ww = reinterpret_cast<const __nv_bfloat16*>(&wv);
+                const __nv_bfloat16* ww = reinterpret_cast<const __nv_bfloat16*>(&ws[it]);
                 uint4 o;
                 __nv_bfloat16* oo = reinterpret_cast<__nv_bfloat16*>(&o);
 #pragma unroll
@@ -107,6 +113,8 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
     }
     // Any length or alignment: element by element, the sum re-read from this thread's own
     // stores.
+    cfp4::griddep_wait();
+    cfp4::griddep_launch_dependents();
     float acc = 0.f;
     for (int c = threadIdx.x; c < p.n; c += NORM_THREADS) {
         __nv_bfloat16 s = x[c];

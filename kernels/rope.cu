@@ -22,9 +22,10 @@
 #include <cuda_bf16.h>
 #include "rope.cuh"
 
-constexpr int ROPE_THREADS = 256;
+// Wide CTAs: the row's last CTA covers up to 1024 k/v pairs (8 KV heads of 128) in one pass.
+constexpr int ROPE_THREADS = 1024;
 
-// Grid (q CTAs + 1, batch): CTA x < gridDim.x − 1 of row b rotates 256 (q head, i < d/2)
+// Grid (q CTAs + 1, batch): CTA x < gridDim.x − 1 of row b rotates ROPE_THREADS (q head, i < d/2)
 // pairs; the row's last CTA loops over its k and v heads (rotating k, copying v) and, with
 // a cache, stores them at the row's length and advances it, so no other CTA reads that
 // length (no atomics).

@@ -26,7 +26,7 @@ trace() { # $1 = decode_bench row name, $2 = log tag
 }
 for step in ${@}; do case "$step" in
 check)
-    t gpu_gemv_packed 150
+    [ -e .carry/gpu_gemv_packed.xz ] && t gpu_gemv_packed 150
     t gpu_norm_greedy 60
     t gpu_rope 60
     t gpu_decode_graph 150

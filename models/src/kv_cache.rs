@@ -120,12 +120,17 @@ impl LayerCache {
     ) -> Result<Tensor> {
         let bf = |t: &Tensor| t.to_dtype(DType::BF16);
         self.inner.append_decode(&bf(k)?, &bf(v)?)?;
-        let q = bf(q)?;
+        self.attend(&bf(q)?, for_graph)
+    }
+
+    /// The decode attention of `q` over every sequence (`for_graph`: splits planned for the
+    /// capacity).
+    fn attend(&self, q: &Tensor, for_graph: bool) -> Result<Tensor> {
         if for_graph {
             self.inner
-                .decode_attention_capacity_with(&q, &self.decode_opts)
+                .decode_attention_capacity_with(q, &self.decode_opts)
         } else {
-            self.inner.decode_attention_with(&q, &self.decode_opts)
+            self.inner.decode_attention_with(q, &self.decode_opts)
         }
     }
 
@@ -147,13 +152,7 @@ impl LayerCache {
         for_graph: bool,
     ) -> Result<Tensor> {
         let r = self.inner.append_decode_rope(rope, qkv, positions)?;
-        let q = r.narrow(1, 0, q_heads)?;
-        if for_graph {
-            self.inner
-                .decode_attention_capacity_with(&q, &self.decode_opts)
-        } else {
-            self.inner.decode_attention_with(&q, &self.decode_opts)
-        }
+        self.attend(&r.narrow(1, 0, q_heads)?, for_graph)
     }
 
     /// The cache's storage.

@@ -14,6 +14,9 @@ use half::bf16;
 
 unsafe impl DeviceRepr for QkvRopeParams {}
 
+/// Threads per CTA (`ROPE_THREADS` of the kernel).
+const THREADS: u32 = 1024;
+
 /// The resolved kernel and the tables' device pointers, made once per op (the plan holds
 /// the tables, so the pointers stay valid).
 #[derive(Debug, Clone)]
@@ -145,8 +148,12 @@ pub(super) fn forward(
         // The q heads' CTAs, then one CTA for the k and v heads, per row (rope.cu).
         let q_items = (s.rot_heads - (s.heads - s.rot_heads)) * (s.d / 2);
         let l = Launch {
-            grid: ((q_items.div_ceil(256) + 1) as u32, s.batch as u32, 1),
-            block: 256,
+            grid: (
+                (q_items.div_ceil(THREADS as usize) + 1) as u32,
+                s.batch as u32,
+                1,
+            ),
+            block: THREADS,
             cluster: 1,
             pdl: false,
             smem: 0,
