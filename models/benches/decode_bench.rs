@@ -20,7 +20,7 @@
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, D};
-use candle_fp4::kv_cache::{DecodeOptions, KvCacheKind};
+use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4_models::config::LlamaConfig;
 use candle_fp4_models::{Llama, LoadOptions, RandomSpec};
 use std::collections::HashMap;
@@ -51,9 +51,6 @@ struct Case {
     graph: bool,
     /// GEMVs launched with PDL ([`LoadOptions::gemv_pdl`]).
     pdl: bool,
-    /// The attention's launch options (a tuning knob: the default won every variant
-    /// measured, docs/logs/s11/attn-variants-decode_bench.log).
-    attn: DecodeOptions,
 }
 
 struct Row {
@@ -82,7 +79,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         batch: c.batch,
         cuda_graph: c.graph,
         gemv_pdl: c.pdl,
-        decode_attention: c.attn,
         ..LoadOptions::default()
     };
     let spec = RandomSpec {
@@ -222,7 +218,6 @@ fn cases() -> Vec<Case> {
         let nopdl = if pdl { "" } else { " no-pdl" };
         v.push(Case {
             name: format!("{model} b{batch} ctx{ctx} {kvn} {mode}{nopdl}"),
-            attn: DecodeOptions::default(),
             cfg,
             nvfp4,
             kv,

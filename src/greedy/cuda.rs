@@ -9,7 +9,6 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr,
 };
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result};
-use std::sync::Arc;
 
 unsafe impl DeviceRepr for GreedyParams {}
 
@@ -17,28 +16,20 @@ unsafe impl DeviceRepr for GreedyParams {}
 const CHUNK: usize = 4096;
 const THREADS: u32 = 256;
 
-/// The scratch the kernel keeps zeroed between calls: the best key and the CTA ticket of
-/// each row.
-#[derive(Debug)]
-struct Scratch {
-    _best: CudaSlice<u64>,
-    _done: CudaSlice<u32>,
-}
-
-/// The kernel, the grid, PDL, and the scratch (the pointers are the scratch's, kept alive
-/// here; calls on one stream run in order, so they never overlap on it).
+/// The kernel, PDL, and the scratch the kernel keeps zeroed between calls: the best key and
+/// the CTA ticket of each row (their pointers resolved here; calls on one stream run in
+/// order, so they never overlap on it).
 #[derive(Debug)]
 pub(super) struct GreedyPlan {
     f: CudaFunction,
-    rows: usize,
-    vocab: usize,
     pdl: bool,
-    _scratch: Arc<Scratch>,
+    _best: CudaSlice<u64>,
+    _done: CudaSlice<u32>,
     best_ptr: u64,
     done_ptr: u64,
 }
 
-pub(super) fn plan(dev: &CudaDevice, rows: usize, vocab: usize) -> Result<GreedyPlan> {
+pub(super) fn plan(dev: &CudaDevice, rows: usize) -> Result<GreedyPlan> {
     let fx = facts(dev)?;
     let (f, _) = module(dev, KernelFile::Greedy, fx.image)?.function("cfp4_greedy")?;
     let stream = dev.cuda_stream();
@@ -52,20 +43,18 @@ pub(super) fn plan(dev: &CudaDevice, rows: usize, vocab: usize) -> Result<Greedy
     let done_ptr = done.device_ptr(&stream).0;
     Ok(GreedyPlan {
         f,
-        rows,
-        vocab,
         pdl: fx.cc.0 >= 9,
-        _scratch: Arc::new(Scratch {
-            _best: best,
-            _done: done,
-        }),
+        _best: best,
+        _done: done,
         best_ptr,
         done_ptr,
     })
 }
 
+/// The op's `rows × vocab` call.
 pub(super) fn forward(
     plan: &GreedyPlan,
+    (r, n): (usize, usize),
     st: &mut CudaStorage,
     lst: &Layout,
     logits: &CudaStorage,
@@ -74,7 +63,6 @@ pub(super) fn forward(
     const OP: &str = "GreedyStep (cuda)";
     let (sa, sb) = contiguous_range(OP, "state", lst)?;
     let (la, lb) = contiguous_range(OP, "logits", ll)?;
-    let (r, n) = (plan.rows, plan.vocab);
     if sb - sa != 2 * r || lb - la != r * n {
         bail!(
             "{OP}: state of {} and logits of {} values for {r} rows of {n}",

@@ -36,7 +36,7 @@ impl GreedyStep {
             vocab,
             #[cfg(feature = "cuda")]
             cuda: match device {
-                Device::Cuda(d) => Some(cuda::plan(d, rows, vocab)?),
+                Device::Cuda(d) => Some(cuda::plan(d, rows)?),
                 _ => None,
             },
         })
@@ -127,7 +127,7 @@ impl InplaceOp2 for GreedyStep {
         let Some(plan) = &self.cuda else {
             bail!("GreedyStep: made for the CPU, called on a GPU")
         };
-        cuda::forward(plan, s1, l1, s2, l2)
+        cuda::forward(plan, (self.rows, self.vocab), s1, l1, s2, l2)
     }
 }
 

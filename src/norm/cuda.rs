@@ -94,23 +94,20 @@ pub(super) fn forward(
             Some(_) => (op_, op_ + (len as u64) * elem),
             None => (0, op_),
         };
+        let delta = dg.as_ref().map_or(0, |(p, _)| *p);
+        let aligned = [xp, delta, plan.w_ptr, sum, norm]
+            .iter()
+            .all(|a| a.is_multiple_of(16));
         let p = AddRmsNormParams {
             x: xp,
-            delta: dg.as_ref().map_or(0, |(p, _)| *p),
+            delta,
             weight: plan.w_ptr,
             sum,
             out: norm,
             rows: rows as i32,
             n: n as i32,
             eps,
-            vec: 0,
-        };
-        let aligned = [p.x, p.delta, p.weight, p.sum, p.out]
-            .iter()
-            .all(|a| a.is_multiple_of(16));
-        let p = AddRmsNormParams {
             vec: i32::from(aligned && n.is_multiple_of(8) && n <= VEC_MAX),
-            ..p
         };
         let l = Launch {
             grid: (rows as u32, 1, 1),
