@@ -13,10 +13,12 @@
 //   Codes: [tile][chunk c < 2*npairs][lane][16 bytes], chunk c = k 64c .. 64c+63 (chunks
 //   past K are zero). Lane (g = lane/4, t = lane%4) holds rows r0 = 16*tile + g and
 //   r1 = r0 + 8 at k = 64c + 16t .. +15 as 4 words; word j holds kj .. kj+3
-//   (kj = 64c + 16t + 4j) of both rows, nibbles placed so that decode_word_raw yields
-//   the mma.m16n8k16 A fragment in order: out[0] = r0 (kj, kj+1), out[1] = r1 (kj, kj+1),
-//   out[2] = r0 (kj+2, kj+3), out[3] = r1 (kj+2, kj+3). The MMA's k order is free as long
-//   as x agrees: lane t's x for word j is x[kj .. kj+3], natural bf16 pairs (no permute).
+//   (kj = 64c + 16t + 4j) of both rows, its bits placed so that packed_word_pairs
+//   (nvfp4_decode.cuh: 2 integer ops per pair on the software path; bytes through the
+//   E2M1 convert on sm_100a) yields the mma.m16n8k16 A fragment in order:
+//   out[0] = r0 (kj, kj+1), out[1] = r1 (kj, kj+1), out[2] = r0 (kj+2, kj+3),
+//   out[3] = r1 (kj+2, kj+3). The MMA's k order is free as long as x agrees: lane t's x
+//   for word j is x[kj .. kj+3], natural bf16 pairs (no permute).
 //   Scales: [tile][pair p < npairs][lane][u32], pair p = chunks 2p, 2p+1. Lane t's 16 k of
 //   a chunk are exactly one 16-block, so a lane needs one scale per row per chunk; the
 //   word packs four bytes T: bits 4..11 T(r0, 2p), 20..27 T(r1, 2p), 12..19 T(r0, 2p+1),
@@ -30,7 +32,8 @@
 // tile i and up tile half_pad/16 + i, so the epilogue has both) and one of `split` slices
 // of K; its warps take contiguous runs of 128-wide K pairs (no predicates in the loop:
 // padded rows, clamped token rows whose columns are dropped), keeping U pairs of weight
-// loads in flight in registers. Warps meet in shared memory; with split > 1 each CTA
+// loads in flight in registers (U per variant: the deep one for long per-warp runs).
+// Warps meet in shared memory; with split > 1 each CTA
 // writes its sum to `partial` and the last to arrive (a counter per group, reset by it)
 // adds the slices in order (deterministic) and writes the output.
 //
@@ -102,9 +105,6 @@ __device__ __forceinline__ int real_row(int prow, int n, int half_pad) {
 template <int NT, bool SILU>
 struct Cfg {
     static constexpr int TILES = SILU ? 2 : 1;
-    // K pairs (1 KB of codes per tile) in flight per warp.
-    // (2 and 4 measured no better on the H200: docs/logs/s10/pgemv_bench-sweep-u*.log.)
-    static constexpr int U = NT * TILES <= 2 ? 3 : 2;
     // Independent accumulator chains per (tile, token tile).
     static constexpr int SETS = NT * TILES == 1 ? 2 : 1;
 };
@@ -115,119 +115,51 @@ struct Stage {
     uint32_t s[Cfg<NT, SILU>::TILES];
 };
 
+// acc += chunk h of stage s (4 A fragments per tile) times x from `xo` elements past the
+// token rows' cursors xr.
 template <int NT, bool SILU>
-__device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
-    using C = Cfg<NT, SILU>;
-    constexpr int TILES = C::TILES, U = C::U, SETS = C::SETS;
-    __shared__ float4 red[MAX_WARPS][TILES][NT][32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    const int g = lane >> 2, t = lane & 3;
-    const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
-    const int per_slice = (p.npairs + p.split - 1) / p.split;
-    const int s0 = min(slice * per_slice, p.npairs), s1 = min(s0 + per_slice, p.npairs);
-    const int per_warp = (s1 - s0 + warps - 1) / warps;
-    const int w0 = min(s0 + warp * per_warp, s1), w1 = min(w0 + per_warp, s1);
-    const int np = w1 - w0;
-    const int nchunks = p.k / 64;
-
-    // Cursors at this warp's first pair; the loop advances them by U pairs.
-    const uint8_t* wp[TILES];
-    const uint32_t* sp[TILES];
+__device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU>::TILES][NT][Cfg<NT, SILU>::SETS][4],
+                                              const Stage<NT, SILU>& s, int h, const __nv_bfloat16* const* xr, int xo) {
+    constexpr int TILES = Cfg<NT, SILU>::TILES, SETS = Cfg<NT, SILU>::SETS;
+    uint4 xv[NT][2];
 #pragma unroll
-    for (int i = 0; i < TILES; ++i) {
-        const size_t tile = size_t(i == 0 ? group : p.half_pad / 16 + group);
-        wp[i] = p.w + ((tile * size_t(2 * p.npairs) + size_t(2 * w0)) * 32 + lane) * 16;
-        sp[i] = p.scales + (tile * size_t(p.npairs) + size_t(w0)) * 32 + lane;
+    for (int j = 0; j < NT; ++j) {
+        xv[j][0] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo));
+        xv[j][1] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo + 8));
     }
-    // Stage u of the pipeline from pair `i` past the cursors.
-    auto load = [&](Stage<NT, SILU>& st, int i) {
 #pragma unroll
-        for (int ti = 0; ti < TILES; ++ti) {
-            st.w[ti][0] = ld_stream_v4(wp[ti] + i * 1024);
-            st.w[ti][1] = ld_stream_v4(wp[ti] + i * 1024 + 512);
-            st.s[ti] = ld_stream_u32(sp[ti] + i * 32);
-        }
-    };
-
-    griddep_launch_dependents();
-    Stage<NT, SILU> st[U];
+    for (int ti = 0; ti < TILES; ++ti) {
+        const uint32_t S = scale_regs(s.s[ti], h);
+        const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
+        const uint4 wv = s.w[ti][h];
+        const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-        if (u < np) load(st[u], u);
-    griddep_wait();  // x is written by the previous kernel
-
-    const __nv_bfloat16* xr[NT];
+        for (int jw = 0; jw < 4; ++jw) {
+            uint32_t r[4];
+            packed_word_pairs(words[jw], r);
+            const uint32_t a[4] = {bf16x2_mul(r[0], sa), bf16x2_mul(r[1], sb), bf16x2_mul(r[2], sa),
+                                   bf16x2_mul(r[3], sb)};
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-        xr[j] = static_cast<const __nv_bfloat16*>(p.x) + size_t(min(g + 8 * j, p.m - 1)) * p.x_stride + 128 * w0 + 16 * t;
-
-    float acc[TILES][NT][SETS][4];
-#pragma unroll
-    for (int ti = 0; ti < TILES; ++ti)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
-
-    // Chunk h of stage s, whose x starts `xo` elements past the x cursors.
-    auto compute = [&](const Stage<NT, SILU>& s, int h, int xo) {
-        uint4 xv[NT][2];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            xv[j][0] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo));
-            xv[j][1] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo + 8));
-        }
-#pragma unroll
-        for (int ti = 0; ti < TILES; ++ti) {
-            const uint32_t S = scale_regs(s.s[ti], h);
-            const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
-            const uint4 wv = s.w[ti][h];
-            const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-            for (int jw = 0; jw < 4; ++jw) {
-                uint32_t r[4];
-                decode_word_raw(words[jw], r);
-                const uint32_t a[4] = {bf16x2_mul(r[0], sa), bf16x2_mul(r[1], sb), bf16x2_mul(r[2], sa),
-                                       bf16x2_mul(r[3], sb)};
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const uint4 xx = xv[j][jw >> 1];
-                    const uint32_t b0 = (jw & 1) ? xx.z : xx.x, b1 = (jw & 1) ? xx.w : xx.y;
-                    mma_bf16(acc[ti][j][jw % SETS], a, b0, b1);
-                }
+            for (int j = 0; j < NT; ++j) {
+                const uint4 xx = xv[j][jw >> 1];
+                const uint32_t b0 = (jw & 1) ? xx.z : xx.x, b1 = (jw & 1) ? xx.w : xx.y;
+                mma_bf16(acc[ti][j][jw % SETS], a, b0, b1);
             }
         }
-    };
-    auto advance = [&]() {
-#pragma unroll
-        for (int ti = 0; ti < TILES; ++ti) {
-            wp[ti] += U * 1024;
-            sp[ti] += U * 32;
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) xr[j] += U * 128;
-    };
-
-    // The warp's last pair has one chunk when it ends an odd K / 64.
-    const int full = (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
-    int i0 = 0;
-    for (; i0 + U <= np; i0 += U) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            compute(st[u], 0, 128 * u);
-            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
-            if (i0 + u + U < np) load(st[u], u + U);
-        }
-        advance();
     }
-#pragma unroll
-    for (int u = 0; u < U - 1; ++u) {
-        if (i0 + u < np) {
-            compute(st[u], 0, 128 * u);
-            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
-        }
-    }
+}
 
+// Sums the warps' accumulators through shared memory `red` ([warps][TILES][NT][32]
+// float4), adds the K slices when split > 1 and writes the output with the epilogue.
+template <int NT, bool SILU>
+__device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
+                                             const float (&acc)[Cfg<NT, SILU>::TILES][NT][Cfg<NT, SILU>::SETS][4],
+                                             float4* red, int group, int slice) {
+    using C = Cfg<NT, SILU>;
+    constexpr int TILES = C::TILES, SETS = C::SETS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int g = lane >> 2, t = lane & 3;
+    auto R = [&](int w, int ti, int j) -> float4& { return red[((w * TILES + ti) * NT + j) * 32 + lane]; };
 #pragma unroll
     for (int ti = 0; ti < TILES; ++ti)
 #pragma unroll
@@ -237,7 +169,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
             for (int q = 0; q < SETS; ++q) {
                 v.x += acc[ti][j][q][0]; v.y += acc[ti][j][q][1]; v.z += acc[ti][j][q][2]; v.w += acc[ti][j][q][3];
             }
-            red[warp][ti][j][lane] = v;
+            R(warp, ti, j) = v;
         }
     __syncthreads();
     if (warp != 0) return;
@@ -246,10 +178,10 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     for (int ti = 0; ti < TILES; ++ti)
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            float4 s = red[0][ti][j][lane];
+            float4 s = R(0, ti, j);
 #pragma unroll
             for (int w = 1; w < warps; ++w) {
-                const float4 v = red[w][ti][j][lane];
+                const float4 v = R(w, ti, j);
                 s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
             }
             tot[ti][j] = s;
@@ -311,6 +243,105 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     }
 }
 
+// U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
+// parameter, src/variants.rs).
+template <int NT, bool SILU, int U>
+__device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
+    using C = Cfg<NT, SILU>;
+    constexpr int TILES = C::TILES, SETS = C::SETS;
+    __shared__ float4 red[MAX_WARPS][TILES][NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
+    const int per_slice = (p.npairs + p.split - 1) / p.split;
+    const int s0 = min(slice * per_slice, p.npairs), s1 = min(s0 + per_slice, p.npairs);
+    const int per_warp = (s1 - s0 + warps - 1) / warps;
+    const int w0 = min(s0 + warp * per_warp, s1), w1 = min(w0 + per_warp, s1);
+    const int np = w1 - w0;
+    const int nchunks = p.k / 64;
+
+    // Cursors at this warp's first pair; the loop advances them by U pairs.
+    const uint8_t* wp[TILES];
+    const uint32_t* sp[TILES];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+        const size_t tile = size_t(i == 0 ? group : p.half_pad / 16 + group);
+        wp[i] = p.w + ((tile * size_t(2 * p.npairs) + size_t(2 * w0)) * 32 + lane) * 16;
+        sp[i] = p.scales + (tile * size_t(p.npairs) + size_t(w0)) * 32 + lane;
+    }
+    // Stage u of the pipeline from pair `i` past the cursors.
+    auto load = [&](Stage<NT, SILU>& st, int i) {
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti) {
+            st.w[ti][0] = ld_stream_v4(wp[ti] + i * 1024);
+            st.w[ti][1] = ld_stream_v4(wp[ti] + i * 1024 + 512);
+            st.s[ti] = ld_stream_u32(sp[ti] + i * 32);
+        }
+    };
+
+    griddep_launch_dependents();
+    Stage<NT, SILU> st[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (u < np) load(st[u], u);
+    griddep_wait();  // x is written by the previous kernel
+
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+        xr[j] = static_cast<const __nv_bfloat16*>(p.x) + size_t(min(g + 8 * j, p.m - 1)) * p.x_stride + 128 * w0 + 16 * t;
+
+    float acc[TILES][NT][SETS][4];
+#pragma unroll
+    for (int ti = 0; ti < TILES; ++ti)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
+
+    auto compute = [&](const Stage<NT, SILU>& s, int h, int xo) { compute_chunk<NT, SILU>(acc, s, h, xr, xo); };
+    auto advance = [&]() {
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti) {
+            wp[ti] += U * 1024;
+            sp[ti] += U * 32;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xr[j] += U * 128;
+    };
+
+    // The warp's last pair has one chunk when it ends an odd K / 64.
+    const int full = (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
+    int i0 = 0;
+    for (; i0 + U <= np; i0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            compute(st[u], 0, 128 * u);
+            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
+            if (i0 + u + U < np) load(st[u], u + U);
+        }
+        advance();
+    }
+#pragma unroll
+    for (int u = 0; u < U - 1; ++u) {
+        if (i0 + u < np) {
+            compute(st[u], 0, 128 * u);
+            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
+        }
+    }
+
+    pgemv_finish<NT, SILU>(p, acc, &red[0][0][0][0], group, slice);
+}
+
+// Software decode: bit of the packed word that holds bit b (0 = m, 1 = e0, 2 = e1, 3 = s)
+// of half h's code of pair r (packed_word_pairs in nvfp4_decode.cuh inverts this).
+__device__ __forceinline__ int code_bit_pos(int r, int h, int b) {
+    const int out = (b == 3 ? 15 : 6 + b) + 16 * h;  // where packed_word_pairs puts it
+    if (r < 3) return (out + 3 * r) & 31;            // rotated right by 3r
+    const int low[4] = {3, 4, 0, 1};                 // pair 3: the multiply's sources
+    return low[b] + 16 * h;
+}
+
 // Packed word j of lane (g, t) of chunk c of `tile`, from the ModelOpt layout (see top).
 __device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int c, int lane, int j) {
     const int g = lane >> 2, t = lane & 3;
@@ -332,10 +363,14 @@ __device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int
     uint32_t word = 0;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-        if (kPermutedPairs) {
-            word |= (pr[r][0] << (4 * r)) | (pr[r][1] << (4 * (r + 4)));
-        } else {
+        if (CFP4_HW_E2M1) {
             word |= (pr[r][0] << (8 * r)) | (pr[r][1] << (8 * r + 4));
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+                    if ((pr[r][h] >> b) & 1u) word |= 1u << code_bit_pos(r, h, b);
         }
     }
     return word;
@@ -346,9 +381,9 @@ __device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int
 // Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
 constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >= 8 ? 1 : 2; }
 
-#define CFP4_PGEMV(NT, SILU, NAME)                                                                         \
+#define CFP4_PGEMV(NT, SILU, U, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU>(p);                                                                                \
+        pgemv<NT, SILU, U>(p);                                                                             \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).
@@ -400,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(256) cfp4_dequantize_packed(const _
     const uint32_t word = reinterpret_cast<const uint32_t*>(p.w)[i];
     const uint32_t S = scale_regs(p.scales[(size_t(tile) * p.npairs + c / 2) * 32 + lane], c & 1);
     uint32_t r[4];
-    decode_word_raw(word, r);
+    packed_word_pairs(word, r);
     const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
     // bf16x2 (256, 256) undoes the decode's 2^-8, exactly (|e2m1 * e4m3| <= 2688).
     constexpr uint32_t two8 = 0x43804380u;

@@ -88,10 +88,19 @@ __device__ __forceinline__ void e2m1_raw_pairs(uint32_t q, uint32_t out[4]) {
 // multiplied in must carry 2^(kRawLog2 - 8) for the decode's overall 2^-8.
 constexpr int kRawLog2 = CFP4_HW_E2M1 ? 112 : 126;
 
-// One 32-bit word (8 E2M1 codes, code j = nibble j) as 4 bf16x2 of e2m1 * 2^-kRawLog2,
-// exactly, no scale. Software order: out[r] = (code r, code r+4); hardware order:
-// out[r] = (code 2r, code 2r+1).
-__device__ __forceinline__ void decode_word_raw(uint32_t q, uint32_t out[4]) {
+// The packed GEMV's word (kernels/gemv_packed.cu, "Packed layout") as 4 bf16x2 of
+// e2m1 * 2^-kRawLog2, exactly, no scale: out[r] = pair r (first code in the low half).
+//
+// Software decode, 2 integer ops per pair: the packer places each code's four bits where
+// the decode finds them. Output pair r needs, per half h, the sign at bit 15 + 16h and
+// e1 e0 m at bits 8..6 + 16h (mask M = 0x81c081c0): pair 0 is q & M; pairs 1 and 2 are
+// q rotated right by 3 and 6, & M (the three rotations of M are disjoint); pair 3 takes
+// the 8 bits left, {0, 1, 3, 4, 16, 17, 19, 20}, and one multiply by 2^3 + 2^8 + 2^14
+// moves them into M (copies that never overlap, so no carries): m <- bit 3, e0 <- 4,
+// e1 <- 0, s <- 1 (and +16 for the high half). 8 ops per word: 5 LOP3, 2 SHF, 1 IMAD.
+//
+// Hardware decode (sm_100a): pair r = byte r, low nibble first, through the E2M1 convert.
+__device__ __forceinline__ void packed_word_pairs(uint32_t q, uint32_t out[4]) {
 #if CFP4_HW_E2M1
     uint32_t h[4];
     asm("{\n\t.reg .b8 b0, b1, b2, b3;\n\t"
@@ -105,7 +114,11 @@ __device__ __forceinline__ void decode_word_raw(uint32_t q, uint32_t out[4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) out[r] = (h[r] & 0x80008000u) | ((h[r] >> 3) & 0x0fff0fffu);
 #else
-    e2m1_raw_pairs(q, out);
+    constexpr uint32_t M = 0x81c081c0u;
+    out[0] = q & M;
+    out[1] = __funnelshift_r(q, q, 3) & M;
+    out[2] = __funnelshift_r(q, q, 6) & M;
+    out[3] = ((q & 0x001b001bu) * 0x4108u) & M;
 #endif
 }
 

@@ -27,15 +27,16 @@ fn source(n: usize, k: usize, rng: &mut StdRng) -> (Vec<u8>, Vec<u8>) {
     (codes, scales)
 }
 
-/// `e2m1_raw_pairs` of the kernel: out[r] = bf16 bits of (code r, code r+4) · 2^-126.
+/// `packed_word_pairs` of the kernel (software decode): out[r] = bf16 bits of pair r
+/// · 2^-126: the word, rotated right by 0, 3, 6 bits, under the mask; pair 3 from the
+/// bits left through one multiply (`wrapping_mul`: the kernel's 32-bit IMAD).
 fn raw_pairs(q: u32) -> [u32; 4] {
     const M: u32 = 0x81c0_81c0;
-    let q8 = q >> 8;
     [
-        ((q & 0x000f_000f).wrapping_mul(0x1040)) & M,
-        ((q & 0x00f0_00f0).wrapping_mul(0x0104)) & M,
-        ((q8 & 0x000f_000f).wrapping_mul(0x1040)) & M,
-        ((q8 & 0x00f0_00f0).wrapping_mul(0x0104)) & M,
+        q & M,
+        q.rotate_right(3) & M,
+        q.rotate_right(6) & M,
+        ((q & 0x001b_001b).wrapping_mul(0x4108)) & M,
     ]
 }
 

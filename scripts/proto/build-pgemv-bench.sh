@@ -5,10 +5,21 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/cuda-env.sh
 inc=$(mktemp -d)
+{
+    echo "#ifdef CFP4_PGEMV_CONFIG"
+    echo "constexpr int MAX_WARPS = 8;"
+    echo "#else"
+    # src/variants.rs PGEMV_KERNELS: (nt, silu, u)
+    for v in "1 false 3" "1 false 5" "1 true 3" "2 false 3" "2 true 2" "4 false 2" "4 true 2"; do
+        read -r nt silu u <<< "$v"
+        tag=fp4; [ "$silu" = true ] && tag=fp4silu
+        echo "CFP4_PGEMV($nt, $silu, $u, cfp4_pgemv_${tag}_nt${nt}_u$u)"
+    done
+    echo "#endif"
+} > "$inc/gemv_packed_instances.inc"
 for nt in 1 2 4; do
     for silu in false true; do
         tag=fp4; [ $silu = true ] && tag=fp4silu
-        echo "CFP4_PGEMV($nt, $silu, cfp4_pgemv_${tag}_nt$nt)" >> "$inc/gemv_packed_instances.inc"
         echo "CFP4_GEMV($nt, 1, $silu, true, cfp4_gemv_${tag}_nt${nt}_s1)" >> "$inc/gemv_instances.inc"
     done
 done

@@ -26,21 +26,62 @@
     } while (0)
 
 #define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
-PG(cfp4_pgemv_fp4_nt1) PG(cfp4_pgemv_fp4silu_nt1) PG(cfp4_pgemv_fp4_nt2) PG(cfp4_pgemv_fp4silu_nt2)
-PG(cfp4_pgemv_fp4_nt4) PG(cfp4_pgemv_fp4silu_nt4)
+PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
+PG(cfp4_pgemv_fp4silu_nt2_u2) PG(cfp4_pgemv_fp4_nt4_u2) PG(cfp4_pgemv_fp4silu_nt4_u2)
 #define OG(NAME) extern "C" __global__ void NAME(const __grid_constant__ GemvParams p);
 OG(cfp4_gemv_fp4_nt1_s1) OG(cfp4_gemv_fp4silu_nt1_s1) OG(cfp4_gemv_fp4_nt2_s1) OG(cfp4_gemv_fp4silu_nt2_s1)
 OG(cfp4_gemv_fp4_nt4_s1) OG(cfp4_gemv_fp4silu_nt4_s1)
 extern "C" __global__ void cfp4_pack_codes(const __grid_constant__ PackParams p);
 extern "C" __global__ void cfp4_pack_scales(const __grid_constant__ PackParams p);
 
+
+// Read-only probes of the packed codes (no decode): the memory side's ceiling.
+// probe_tile: the GEMV's grid and per-warp pair runs, D pairs (1 KB each) of 16-byte loads
+// in flight per warp. probe_flat: a grid-stride read of the whole buffer.
+template <int D>
+__global__ void probe_tile(const uint8_t* w, int npairs, int split_warps, uint32_t* sink) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int per_warp = (npairs + warps - 1) / warps;
+    const int w0 = min(warp * per_warp, npairs), w1 = min(w0 + per_warp, npairs);
+    const uint8_t* base = w + (size_t(blockIdx.x) * size_t(2 * npairs) + size_t(2 * w0)) * 512 + lane * 16;
+    uint32_t acc = 0;
+    int i = 0;
+    for (; i + D <= w1 - w0; i += D) {
+        uint4 v[D][2];
+#pragma unroll
+        for (int u = 0; u < D; ++u) {
+            v[u][0] = __ldcs(reinterpret_cast<const uint4*>(base + size_t(i + u) * 1024));
+            v[u][1] = __ldcs(reinterpret_cast<const uint4*>(base + size_t(i + u) * 1024 + 512));
+        }
+#pragma unroll
+        for (int u = 0; u < D; ++u) acc ^= v[u][0].x ^ v[u][0].y ^ v[u][0].z ^ v[u][0].w ^ v[u][1].x ^ v[u][1].w;
+    }
+    for (; i < w1 - w0; ++i) {
+        const uint4 a = __ldcs(reinterpret_cast<const uint4*>(base + size_t(i) * 1024));
+        acc ^= a.x;
+    }
+    if (acc == 0x12345678u) sink[0] = acc + split_warps;
+}
+__global__ void __launch_bounds__(1024) probe_flat(const uint4* w, size_t n16, uint32_t* sink) {
+    uint32_t acc = 0;
+    const size_t stride = size_t(gridDim.x) * blockDim.x;
+    size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        const uint4 a = __ldcs(w + i), b = __ldcs(w + i + stride), c = __ldcs(w + i + 2 * stride), d = __ldcs(w + i + 3 * stride);
+        acc ^= a.x ^ b.y ^ c.z ^ d.w;
+    }
+    for (; i < n16; i += stride) acc ^= __ldcs(w + i).x;
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
 typedef void (*PgFn)(PackedGemvParams);
 typedef void (*OgFn)(GemvParams);
 
-static PgFn pg_fn(int nt, bool silu) {
-    if (nt == 1) return silu ? cfp4_pgemv_fp4silu_nt1 : cfp4_pgemv_fp4_nt1;
-    if (nt == 2) return silu ? cfp4_pgemv_fp4silu_nt2 : cfp4_pgemv_fp4_nt2;
-    return silu ? cfp4_pgemv_fp4silu_nt4 : cfp4_pgemv_fp4_nt4;
+// deep: the u = 5 kernel where it exists (plain, one token tile).
+static PgFn pg_fn(int nt, bool silu, bool deep = false) {
+    if (nt == 1) return silu ? cfp4_pgemv_fp4silu_nt1_u3 : deep ? cfp4_pgemv_fp4_nt1_u5 : cfp4_pgemv_fp4_nt1_u3;
+    if (nt == 2) return silu ? cfp4_pgemv_fp4silu_nt2_u2 : cfp4_pgemv_fp4_nt2_u3;
+    return silu ? cfp4_pgemv_fp4silu_nt4_u2 : cfp4_pgemv_fp4_nt4_u2;
 }
 static OgFn og_fn(int nt, bool silu) {
     if (nt == 1) return silu ? cfp4_gemv_fp4silu_nt1_s1 : cfp4_gemv_fp4_nt1_s1;
@@ -184,9 +225,9 @@ static void free_layer(Layer& L) {
     }
 }
 
-static int occ_pg(int nt, bool silu, int warps) {
+static int occ_pg(int nt, bool silu, int warps, bool deep = false) {
     int o = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, (const void*)pg_fn(nt, silu), 32 * warps, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, (const void*)pg_fn(nt, silu, deep), 32 * warps, 0));
     return std::max(o, 1);
 }
 
@@ -323,9 +364,21 @@ int main(int argc, char** argv) {
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
         for (int m : {1, 4, 8, 16, 32}) {
             const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
-            int occ[9] = {0};
+            // The library's plan (src/gemv/packed/cuda.rs): the deep kernel where it exists
+            // and each warp's run is at least its 5 pairs, else the shallow one.
+            int occ[9] = {0}, occd[9] = {0};
             for (int w = 2; w <= 8; ++w) occ[w] = occ_pg(nt, s.silu, w);
-            const auto [warps, split] = geometry(L.groups, L.npairs, occ);
+            for (int w = 2; w <= 8; ++w) occd[w] = occ_pg(nt, s.silu, w, true);
+            auto [warps, split] = geometry(L.groups, L.npairs, occ);
+            bool deep = false;
+            if (nt == 1 && !s.silu) {
+                const auto [wd, sd] = geometry(L.groups, L.npairs, occd);
+                if ((L.npairs + wd * sd - 1) / (wd * sd) >= 5) {
+                    deep = true;
+                    warps = wd;
+                    split = sd;
+                }
+            }
             const int nout = s.silu ? s.n / 2 : s.n;
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
@@ -340,7 +393,7 @@ int main(int argc, char** argv) {
                 at[0].val.programmaticStreamSerializationAllowed = 1;
                 cfg.attrs = at;
                 cfg.numAttrs = 1;
-                CK(cudaLaunchKernelEx(&cfg, pg_fn(nt, s.silu), p));
+                CK(cudaLaunchKernelEx(&cfg, pg_fn(nt, s.silu, deep), p));
             };
             // correctness (copy 0)
             CK(cudaMemset(out, 0xff, size_t(m) * nout * 2));
@@ -384,13 +437,32 @@ int main(int argc, char** argv) {
                 GemvParams p{L.codes[c], L.scales[c], x, out, gs * 256.f, m, s.n, s.k, s.k, L.sp, otiles, 0};
                 og_fn(nt, s.silu)<<<unsigned(std::min(otiles, sms * std::max(occ_o, 1))), 128, 0, st>>>(p);
             });
-            printf("| %s | %dx%d | %d | %d/%d | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, tp,
+            printf("| %s | %dx%d | %d | %d/%d%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, deep ? " u5" : "", tp,
                    wbytes / tp / 1e3, 100.0 * wbytes / tp / 1e3 / copy, to, to / tp);
+            if (m == 1 && !s.silu) {
+                uint32_t* sink = counters + 1000;
+                const double t3 = time_graph([&](cudaStream_t st, int i) {
+                    const int c = i % int(L.codes.size());
+                    probe_tile<3><<<L.groups, 32 * warps, 0, st>>>(L.pcodes[c], L.npairs, warps, sink);
+                });
+                const double t8 = time_graph([&](cudaStream_t st, int i) {
+                    const int c = i % int(L.codes.size());
+                    probe_tile<8><<<L.groups, 32 * warps, 0, st>>>(L.pcodes[c], L.npairs, warps, sink);
+                });
+                const double tf = time_graph([&](cudaStream_t st, int i) {
+                    const int c = i % int(L.codes.size());
+                    probe_flat<<<sms * 2, 1024, 0, st>>>(reinterpret_cast<const uint4*>(L.pcodes[c]), L.pc_bytes / 16, sink);
+                });
+                const double cb = double(L.pc_bytes);
+                printf("|   read-only codes | %dx%d | tile D3 %.2f us (%.0f%%), D8 %.2f (%.0f%%), flat %.2f (%.0f%%); gemv on codes+scales %.0f%% |\n",
+                       s.n, s.k, t3, 100.0 * cb / t3 / 1e3 / copy, t8, 100.0 * cb / t8 / 1e3 / copy, tf,
+                       100.0 * cb / tf / 1e3 / copy, 100.0 * wbytes / tp / 1e3 / copy);
+            }
             if (sweep && (m == 1 || m == 8)) {
                 printf("    sweep m=%d:", m);
                 for (int wp_ : {2, 3, 4, 5, 6, 8}) {
                     const double t2 = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, 1, wp_); });
-                    printf(" w%d(o%d) %.2f", wp_, occ_pg(nt, s.silu, wp_), t2);
+                    printf(" w%d(o%d) %.2f", wp_, occ_pg(nt, s.silu, wp_, deep), t2);
                 }
                 printf("  (groups %d, pairs %d)\n", L.groups, L.npairs);
             }

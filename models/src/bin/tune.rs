@@ -127,7 +127,9 @@ fn main() -> Result<()> {
     if let Some(list) = &a.shapes {
         shapes.extend(parse_shapes(list)?);
     }
-    shapes.dedup_by(|x, y| (x.n, x.k, x.silu_mul) == (y.n, y.k, y.silu_mul));
+    // Each shape once (a tensor-parallel shard list repeats the whole lm_head).
+    let mut seen = std::collections::HashSet::new();
+    shapes.retain(|s| seen.insert((s.n, s.k, s.silu_mul)));
     if shapes.is_empty() {
         bail!("nothing to measure: give --config and/or --shapes");
     }

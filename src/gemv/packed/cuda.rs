@@ -3,13 +3,13 @@
 //! the kernel, its geometry and its split-K workspace once per layer and token tile, so
 //! that [`forward`] only checks the storages and launches.
 
-use super::geometry::{packed_geometry, PACKED_WARPS};
+use super::geometry::{depth_suits, packed_geometry, PACKED_WARPS};
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::{PackParams, PackedDequantParams, PackedGemvParams};
 use crate::layout::contiguous_range;
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
-use crate::variants::{pgemv_kernel_name, PGEMV_NTS};
+use crate::variants::{pgemv_depths, pgemv_kernel_name, PGEMV_NTS};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -187,16 +187,28 @@ pub(crate) fn plan(
     let fa = facts(dev)?;
     let image = if sm80 { Image::Compute80Ptx } else { fa.image };
     let loaded = module(dev, KernelFile::GemvPacked, image)?;
-    let name = pgemv_kernel_name(silu_mul, nt);
-    let (f, _) = loaded.function(&name)?;
-    let mut occ = [0usize; 9];
-    for w in PACKED_WARPS {
-        occ[w] = f
-            .occupancy_max_active_blocks_per_multiprocessor(32 * w as u32, 0, None)
-            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))? as usize;
-    }
     let groups = l.groups(silu_mul);
-    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
+    let depths = pgemv_depths(nt, silu_mul);
+    let mut chosen = None;
+    for (i, &u) in depths.iter().enumerate() {
+        let name = pgemv_kernel_name(silu_mul, nt, u);
+        let (f, _) = loaded.function(&name)?;
+        let mut occ = [0usize; 9];
+        for w in PACKED_WARPS {
+            occ[w] = f
+                .occupancy_max_active_blocks_per_multiprocessor(32 * w as u32, 0, None)
+                .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))?
+                as usize;
+        }
+        let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
+        if i + 1 == depths.len() || depth_suits(l.npairs, warps, split, u) {
+            chosen = Some((f, warps, split));
+            break;
+        }
+    }
+    let Some((f, warps, split)) = chosen else {
+        bail!("packed NVFP4 GEMV: no kernel for token tile {nt} (silu_mul {silu_mul})");
+    };
     let ctas = groups * split;
     if ctas > i32::MAX as usize {
         bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");

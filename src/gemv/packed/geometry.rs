@@ -47,6 +47,16 @@ pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) 
     (warps, split)
 }
 
+/// Does a kernel keeping `u` K pairs in flight per warp suit this launch? Only when each
+/// warp's run (of `npairs` split over `split` CTAs and `warps` warps) is at least `u`
+/// pairs: shorter runs never reach the main loop, and the deeper kernel's longer prologue
+/// and epilogue cost time there (SmolLM2's one-pair runs: 1.96 → 2.13 µs on the H200).
+/// Pure: the planner tries the depths deepest first and keeps the first that suits (the
+/// shallowest always does).
+pub fn depth_suits(npairs: usize, warps: usize, split: usize, u: usize) -> bool {
+    npairs.div_ceil((warps * split).max(1)) >= u
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +88,18 @@ mod tests {
     fn degenerate_inputs_do_not_divide_by_zero() {
         assert_eq!(packed_geometry(1, 1, 0, &[]), (4, 1));
         assert_eq!(packed_geometry(0, 0, 132, &H200).1, 1);
+    }
+
+    #[test]
+    fn deep_kernel_only_for_long_warp_runs() {
+        // (npairs, warps, split) of the H200 plans (twelfth session), u = 5.
+        assert!(depth_suits(32, 5, 1, 5)); // 8B q|k|v: 7 pairs per warp (deep 6.76 vs 7.18 µs)
+        assert!(!depth_suits(32, 8, 1, 5)); // 8B o: 4 per warp (5.41 vs 5.35: no gain)
+        assert!(depth_suits(112, 8, 1, 5)); // 8B down: 14
+        assert!(depth_suits(32, 2, 1, 5)); // 8B lm_head: 16
+        assert!(!depth_suits(5, 5, 1, 5)); // SmolLM2 q|k|v: 1 (deep 2.13 vs 1.96 µs)
+        assert!(!depth_suits(32, 8, 4, 5)); // a split of 4: 1 per warp
+        assert!(depth_suits(1, 8, 1, 1)); // the shallowest always suits a non-empty run
+        assert!(!depth_suits(0, 0, 0, 1));
     }
 }

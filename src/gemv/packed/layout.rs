@@ -143,15 +143,33 @@ pub fn scale_from_t(t: u32, hw: bool) -> u8 {
     e4m3_encode(v)
 }
 
-/// Nibble positions of the four pairs of a packed word: pair r = (first, second) k.
+/// Software decode: the word bit that holds bit `b` (0 = m, 1 = e0, 2 = e1, 3 = sign) of
+/// half `h`'s code of pair `r` (`code_bit_pos` of `kernels/gemv_packed.cu`). The decode
+/// (`packed_word_pairs`) needs the sign at bit 15 + 16h and e1 e0 m at 8..6 + 16h: pairs
+/// 0–2 are the word rotated right by 0, 3 and 6 bits under that mask; pair 3 is the
+/// 8 bits left, moved into place by one multiply.
+pub fn code_bit_pos(r: usize, h: usize, b: usize) -> u32 {
+    let out = (if b == 3 { 15 } else { 6 + b } + 16 * h) as u32;
+    if r < 3 {
+        (out + 3 * r as u32) % 32
+    } else {
+        [3, 4, 0, 1][b] + 16 * h as u32
+    }
+}
+
+/// Places the four pairs of a packed word: pair r = (first, second) k.
 fn place(pairs: [[u32; 2]; 4], hw: bool) -> u32 {
     let mut w = 0;
     for (r, [a, b]) in pairs.into_iter().enumerate() {
-        w |= if hw {
-            (a << (8 * r)) | (b << (8 * r + 4))
+        if hw {
+            w |= (a << (8 * r)) | (b << (8 * r + 4));
         } else {
-            (a << (4 * r)) | (b << (4 * (r + 4)))
-        };
+            for (h, c) in [a, b].into_iter().enumerate() {
+                for bit in 0..4 {
+                    w |= ((c >> bit) & 1) << code_bit_pos(r, h, bit);
+                }
+            }
+        }
     }
     w
 }
@@ -162,7 +180,12 @@ fn unplace(w: u32, hw: bool) -> [[u32; 2]; 4] {
         *p = if hw {
             [(w >> (8 * r)) & 15, (w >> (8 * r + 4)) & 15]
         } else {
-            [(w >> (4 * r)) & 15, (w >> (4 * (r + 4))) & 15]
+            let code = |h| {
+                (0..4)
+                    .map(|bit| ((w >> code_bit_pos(r, h, bit)) & 1) << bit)
+                    .sum()
+            };
+            [code(0), code(1)]
         };
     }
     out
@@ -356,6 +379,27 @@ mod tests {
                 assert_eq!(t_value(t, hw), want, "byte {b:#04x} hw {hw}");
                 assert_eq!(scale_from_t(t, hw), b, "byte {b:#04x} hw {hw}");
             }
+        }
+    }
+
+    #[test]
+    fn code_bits_fill_the_word_once() {
+        let mut seen = 0u64;
+        for r in 0..4 {
+            for h in 0..2 {
+                for b in 0..4 {
+                    let p = code_bit_pos(r, h, b);
+                    assert!(
+                        p < 32 && seen & (1 << p) == 0,
+                        "pair {r} half {h} bit {b}: {p}"
+                    );
+                    seen |= 1 << p;
+                }
+            }
+        }
+        assert_eq!(seen, 0xffff_ffff);
+        for w in [0x1234_5678u32, 0xdead_beef, 0x0f0f_f0f0, 0xffff_ffff, 1] {
+            assert_eq!(place(unplace(w, false), false), w);
         }
     }
 

@@ -17,7 +17,7 @@ pub(crate) mod cuda;
 mod geometry;
 mod layout;
 
-pub use geometry::{packed_geometry, PACKED_WARPS};
+pub use geometry::{depth_suits, packed_geometry, PACKED_WARPS};
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
 };
