@@ -148,7 +148,7 @@ pub fn scale_from_t(t: u32, hw: bool) -> u8 {
 /// (`packed_word_pairs`) needs the sign at bit 15 + 16h and e1 e0 m at 8..6 + 16h: pairs
 /// 0–2 are the word rotated right by 0, 3 and 6 bits under that mask; pair 3 is the
 /// 8 bits left, moved into place by one multiply.
-pub fn code_bit_pos(r: usize, h: usize, b: usize) -> u32 {
+fn code_bit_pos(r: usize, h: usize, b: usize) -> u32 {
     let out = (if b == 3 { 15 } else { 6 + b } + 16 * h) as u32;
     if r < 3 {
         (out + 3 * r as u32) % 32
