@@ -39,11 +39,22 @@
 //
 // Weight and scale loads of the first stages are issued before griddepcontrol.wait
 // (programmatic dependent launch, sm_90+); x, partial and counters only after it.
+//
+// Norm variants (NORM): the RMSNorm in front of the layer runs in every CTA's prologue,
+// so the decode step needs no norm kernel. x is then the residual stream [M, K]; each CTA
+// reads it and delta (bf16 [M, K] contiguous, or null), forms s = bf16(x + delta) and the
+// f32 sum of squares of each token row over all K, and keeps bf16 rows
+// rms_norm(s) * norm_w (rmsnorm_math.cuh, the norm kernel's arithmetic) in dynamic shared
+// memory ([M][K + 8]: the 16-byte pad puts the 8 token rows of one load on distinct banks),
+// which the main loop reads instead of x. CTA 0 also writes s to `sum` (the residual
+// stream after the add). Only the order of the sum of squares differs from the norm
+// kernel's (a warp tree here, over another thread count).
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "gemv_packed.cuh"
 #include "gemv_common.cuh"
 #include "nvfp4_decode.cuh"
+#include "rmsnorm_math.cuh"
 
 namespace {
 
@@ -115,17 +126,31 @@ struct Stage {
     uint32_t s[Cfg<NT, SILU>::TILES];
 };
 
+// 8 bf16 of x: from global memory (read-only path) or, in the norm variants, from the
+// normalized rows in shared memory.
+template <bool SMEM>
+__device__ __forceinline__ uint4 load_x(const __nv_bfloat16* p) {
+    if constexpr (SMEM) {
+        uint4 v;
+        const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+        return v;
+    } else {
+        return __ldg(reinterpret_cast<const uint4*>(p));
+    }
+}
+
 // acc += chunk h of stage s (4 A fragments per tile) times x from `xo` elements past the
 // token rows' cursors xr.
-template <int NT, bool SILU>
+template <int NT, bool SILU, bool XS>
 __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU>::TILES][NT][Cfg<NT, SILU>::SETS][4],
                                               const Stage<NT, SILU>& s, int h, const __nv_bfloat16* const* xr, int xo) {
     constexpr int TILES = Cfg<NT, SILU>::TILES, SETS = Cfg<NT, SILU>::SETS;
     uint4 xv[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-        xv[j][0] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo));
-        xv[j][1] = __ldg(reinterpret_cast<const uint4*>(xr[j] + xo + 8));
+        xv[j][0] = load_x<XS>(xr[j] + xo);
+        xv[j][1] = load_x<XS>(xr[j] + xo + 8);
     }
 #pragma unroll
     for (int ti = 0; ti < TILES; ++ti) {
@@ -243,9 +268,81 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
     }
 }
 
+// Norm variants: the normalized token rows into xs ([m][k + 8] bf16), CTA 0 writing the
+// sums x + delta; ends with a barrier. Called after griddep_wait by every thread; nw0 is
+// this thread's first 8 norm weights, loaded before the wait (no kernel writes them). Rows go
+// two at a time (4 loads in flight per thread, few registers beside the weight stages
+// already in flight).
+template <int NT>
+__device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bfloat16* __restrict__ xs, uint4 nw0) {
+    constexpr int ROWS = 8 * NT, RB = 2;
+    __shared__ float part[MAX_WARPS][ROWS];
+    __shared__ float mrow[ROWS];
+    const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nv = p.k / 8, ld = p.k + 8;
+    const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x);
+    const __nv_bfloat16* __restrict__ d = static_cast<const __nv_bfloat16*>(p.delta);
+    __nv_bfloat16* __restrict__ sum = static_cast<__nv_bfloat16*>(p.sum);
+    const bool write_sum = d != nullptr && blockIdx.x == 0;
+    for (int r0 = 0; r0 < p.m; r0 += RB) {
+        float acc[RB] = {0.f, 0.f};
+        for (int v = tid; v < nv; v += nth) {
+            uint4 xv[RB], dv[RB];
+#pragma unroll
+            for (int i = 0; i < RB; ++i)
+                if (r0 + i < p.m) {
+                    xv[i] = *reinterpret_cast<const uint4*>(x + size_t(r0 + i) * p.x_stride + 8 * v);
+                    if (d) dv[i] = *reinterpret_cast<const uint4*>(d + size_t(r0 + i) * p.k + 8 * v);
+                }
+#pragma unroll
+            for (int i = 0; i < RB; ++i)
+                if (r0 + i < p.m) {
+                    __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(&xv[i]);
+                    if (d) {
+                        const __nv_bfloat16* dd = reinterpret_cast<const __nv_bfloat16*>(&dv[i]);
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) s[j] = __hadd_rn(s[j], dd[j]);
+                        if (write_sum) *reinterpret_cast<uint4*>(sum + size_t(r0 + i) * p.k + 8 * v) = xv[i];
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[i] = cfp4::add_square(acc[i], __bfloat162float(s[j]));
+                    *reinterpret_cast<uint4*>(xs + (r0 + i) * ld + 8 * v) = xv[i];
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < RB; ++i) {
+            float a = acc[i];
+            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            if (lane == 0 && r0 + i < ROWS) part[warp][r0 + i] = a;
+        }
+    }
+    __syncthreads();
+    if (tid < p.m) {
+        float tot = 0.f;
+        for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
+        mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
+    }
+    __syncthreads();
+    const __nv_bfloat16* __restrict__ nw = static_cast<const __nv_bfloat16*>(p.norm_w);
+    for (int v = tid; v < nv; v += nth) {
+        const uint4 wv = v == tid ? nw0 : __ldg(reinterpret_cast<const uint4*>(nw) + v);
+        const __nv_bfloat16* ww = reinterpret_cast<const __nv_bfloat16*>(&wv);
+        for (int r = 0; r < p.m; ++r) {
+            uint4* q = reinterpret_cast<uint4*>(xs + r * ld + 8 * v);
+            uint4 sv = *q;
+            __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(&sv);
+            const float m = mrow[r];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) s[j] = cfp4::norm_one(s[j], m, ww[j]);
+            *q = sv;
+        }
+    }
+    __syncthreads();
+}
+
 // U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
 // parameter, src/variants.rs).
-template <int NT, bool SILU, int U>
+template <int NT, bool SILU, int U, bool NORM>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     using C = Cfg<NT, SILU>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
@@ -284,12 +381,24 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
         if (u < np) load(st[u], u);
+    uint4 nw0 = make_uint4(0, 0, 0, 0);
+    if constexpr (NORM) {
+        if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
+    }
     griddep_wait();  // x is written by the previous kernel
 
+    const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
+    size_t xstride = size_t(p.x_stride);
+    if constexpr (NORM) {
+        extern __shared__ __align__(16) unsigned char pgemv_dyn[];
+        __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
+        norm_prologue<NT>(p, xs, nw0);
+        xb = xs;
+        xstride = size_t(p.k + 8);
+    }
     const __nv_bfloat16* xr[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-        xr[j] = static_cast<const __nv_bfloat16*>(p.x) + size_t(min(g + 8 * j, p.m - 1)) * p.x_stride + 128 * w0 + 16 * t;
+    for (int j = 0; j < NT; ++j) xr[j] = xb + size_t(min(g + 8 * j, p.m - 1)) * xstride + 128 * w0 + 16 * t;
 
     float acc[TILES][NT][SETS][4];
 #pragma unroll
@@ -299,7 +408,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
             for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
 
-    auto compute = [&](const Stage<NT, SILU>& s, int h, int xo) { compute_chunk<NT, SILU>(acc, s, h, xr, xo); };
+    auto compute = [&](const Stage<NT, SILU>& s, int h, int xo) { compute_chunk<NT, SILU, NORM>(acc, s, h, xr, xo); };
     auto advance = [&]() {
 #pragma unroll
         for (int ti = 0; ti < TILES; ++ti) {
@@ -381,9 +490,9 @@ __device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int
 // Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
 constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >= 8 ? 1 : 2; }
 
-#define CFP4_PGEMV(NT, SILU, U, NAME)                                                                      \
+#define CFP4_PGEMV(NT, SILU, U, NORM, NAME)                                                                \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU, U>(p);                                                                             \
+        pgemv<NT, SILU, U, NORM>(p);                                                                       \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).

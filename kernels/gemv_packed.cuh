@@ -6,7 +6,8 @@
 #include <stdint.h>
 
 // y[M, N_out] = epilogue(out_scale * x[M, K] . W[N, K]^T) over the packed layout
-// (gemv_packed.cu, "Packed layout").
+// (gemv_packed.cu, "Packed layout"); the norm variants take x = rms_norm(x + delta) * norm_w
+// (rmsnorm_math.cuh) and write x + delta.
 struct PackedGemvParams {
     const uint8_t* w;         // offset  0: packed codes, 16-byte aligned
     const uint32_t* scales;   // offset  8: packed scale words
@@ -24,7 +25,14 @@ struct PackedGemvParams {
     int split;                // offset 76: CTAs per group, each a slice of K
     int npairs;               // offset 80: 128-wide K steps per tile = ceil(K / 128)
     int _pad;                 // offset 84
-};                            // size 88
+    // The norm variants only (x is then the residual stream; the others ignore these):
+    const void* delta;        // offset 88: bf16 [M, K] contiguous added to x, or null
+    const void* norm_w;       // offset 96: bf16 [K], the RMSNorm weight
+    void* sum;                // offset 104: bf16 [M, K] contiguous: x + delta (CTA 0 writes
+                              //             it; unused when delta is null)
+    float eps;                // offset 112
+    int _pad2;                // offset 116
+};                            // size 120
 
 // Packs ModelOpt codes [N, K/2] and 128x4-swizzled E4M3 scales [Np, Sp] into the packed
 // layout (codes: one thread per 16-byte lane record; scales: one thread per word).

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include "rmsnorm.cuh"
 #include "pdl.cuh"
+#include "rmsnorm_math.cuh"
 
 constexpr int NORM_THREADS = 256;
 // The vector path: 8 bf16 (16 bytes) per load, up to NORM_VITERS loads per thread kept in
@@ -35,16 +36,8 @@ __device__ __forceinline__ float block_sum(float acc) {
     return tot;
 }
 
-// m = bf16(sqrt(Σ s² / n + eps)), as f32.
-__device__ __forceinline__ float norm_m(float tot, int n, float eps) {
-    return __bfloat162float(
-        __float2bfloat16_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(tot, float(n)), eps))));
-}
-
-__device__ __forceinline__ __nv_bfloat16 norm_one(__nv_bfloat16 s, float m, __nv_bfloat16 w) {
-    const __nv_bfloat16 q = __float2bfloat16_rn(__fdiv_rn(__bfloat162float(s), m));
-    return __float2bfloat16_rn(__fmul_rn(__bfloat162float(q), __bfloat162float(w)));
-}
+using cfp4::norm_m;
+using cfp4::norm_one;
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
@@ -91,7 +84,7 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     const float f = __bfloat162float(s[j]);
-                    acc = __fadd_rn(acc, __fmul_rn(f, f));
+                    acc = cfp4::add_square(acc, f);
                 }
             }
         }
@@ -123,7 +116,7 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
             s_out[c] = s;
         }
         const float f = __bfloat162float(s);
-        acc = __fadd_rn(acc, __fmul_rn(f, f));
+        acc = cfp4::add_square(acc, f);
     }
     const float m = norm_m(block_sum(acc), p.n, p.eps);
     for (int c = threadIdx.x; c < p.n; c += NORM_THREADS) {

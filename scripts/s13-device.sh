@@ -34,7 +34,7 @@ sass)
     done
     ;;
 check)
-    for b in gpu_gemv_packed gpu_gemv gpu_norm_greedy gpu_rope gpu_decode_graph gpu_llama_tiny; do
+    for b in gpu_norm_gemv gpu_gemv_packed gpu_gemv gpu_norm_greedy gpu_rope gpu_decode_graph gpu_llama_tiny; do
         [ -e ".carry/$b" ] && t $b 150
     done
     ;;

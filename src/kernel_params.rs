@@ -149,6 +149,14 @@ pub(crate) struct PackedGemvParams {
     pub split: i32,
     pub npairs: i32,
     pub pad: i32,
+    /// Norm variants: bf16 `[M, K]` added to x, or 0.
+    pub delta: u64,
+    /// Norm variants: the RMSNorm weight, bf16 `[K]`.
+    pub norm_w: u64,
+    /// Norm variants with a delta: bf16 `[M, K]`, x + delta.
+    pub sum: u64,
+    pub eps: f32,
+    pub pad2: i32,
 }
 
 /// `PackParams` of `kernels/gemv_packed.cuh` (ModelOpt layout → packed layout).
@@ -306,7 +314,11 @@ mod tests {
         assert_eq!(offset_of!(PackedGemvParams, groups), 72);
         assert_eq!(offset_of!(PackedGemvParams, split), 76);
         assert_eq!(offset_of!(PackedGemvParams, npairs), 80);
-        assert_eq!(size_of::<PackedGemvParams>(), 88);
+        assert_eq!(offset_of!(PackedGemvParams, delta), 88);
+        assert_eq!(offset_of!(PackedGemvParams, norm_w), 96);
+        assert_eq!(offset_of!(PackedGemvParams, sum), 104);
+        assert_eq!(offset_of!(PackedGemvParams, eps), 112);
+        assert_eq!(size_of::<PackedGemvParams>(), 120);
         assert_eq!(offset_of!(PackParams, codes), 0);
         assert_eq!(offset_of!(PackParams, scales), 8);
         assert_eq!(offset_of!(PackParams, out_codes), 16);

@@ -13,7 +13,7 @@ inc=$(mktemp -d)
     for v in "1 false 3" "1 false 5" "1 true 3" "2 false 3" "2 true 2" "4 false 2" "4 true 2"; do
         read -r nt silu u <<< "$v"
         tag=fp4; [ "$silu" = true ] && tag=fp4silu
-        echo "CFP4_PGEMV($nt, $silu, $u, cfp4_pgemv_${tag}_nt${nt}_u$u)"
+        echo "CFP4_PGEMV($nt, $silu, $u, false, cfp4_pgemv_${tag}_nt${nt}_u$u)"
     done
     echo "#endif"
 } > "$inc/gemv_packed_instances.inc"

@@ -28,6 +28,13 @@ pub(super) struct NormPlan {
     _weight: Tensor,
 }
 
+impl NormPlan {
+    /// The weight's device pointer (16-byte aligned: a fresh contiguous allocation).
+    pub(super) fn w_ptr(&self) -> u64 {
+        self.w_ptr
+    }
+}
+
 /// Resolves the kernel on `dev` and the weight's pointer (a lock: at model load). PDL on
 /// the devices that have it (sm_90 and newer).
 pub(super) fn plan(dev: &CudaDevice, w: &Tensor) -> Result<NormPlan> {

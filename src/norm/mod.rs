@@ -63,6 +63,21 @@ impl AddRmsNorm {
         self.n
     }
 
+    /// The epsilon under the square root.
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
+
+    /// The weight's device pointer when it lives on a GPU (for the GEMVs that run this
+    /// norm in their prologue).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_weight_ptr(&self) -> Option<u64> {
+        match &self.weight {
+            Weight::Cuda(p) => Some(p.w_ptr()),
+            Weight::Cpu(_) => None,
+        }
+    }
+
     /// `x` BF16 `[rows, n]` and the residual `delta` (same shape, or `None`) →
     /// `(x + delta, rms_norm(x + delta) · weight)`; with no `delta` the first is `x` itself.
     pub fn forward(&self, x: &Tensor, delta: Option<&Tensor>) -> Result<(Tensor, Tensor)> {

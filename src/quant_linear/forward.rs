@@ -125,6 +125,58 @@ impl QuantLinear {
     }
 }
 
+impl QuantLinear {
+    /// The layer behind the RMSNorm in front of it, with the residual add before that:
+    /// `x` `[M, K]` (the residual stream) and `delta` (the same shape, or `None`) →
+    /// `(s, y)` with `s = x + delta` (or `x`) and `y` = this layer (`silu_mul`: its
+    /// [`forward_silu_mul`](Self::forward_silu_mul)) of `norm.forward(x, delta)`'s output.
+    ///
+    /// On a GPU, for a packed NVFP4 weight without bias, BF16 input, `M ≤ 8` and
+    /// `K ≤ 1024` ([`use_norm_prologue`](crate::gemv::packed::use_norm_prologue)), this is
+    /// one kernel: the GEMV runs the norm in its prologue. Otherwise (and on the CPU) it is
+    /// the norm, then the layer; both give the same values but for the order of the norm's
+    /// f32 sum of squares (which can move a row's norm by one BF16 rounding).
+    pub fn forward_add_norm(
+        &self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        norm: &crate::norm::AddRmsNorm,
+        silu_mul: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let (Weight::Packed(_), None, [m, k], DType::BF16) =
+            (&self.weight, &self.bias, x.dims(), x.dtype())
+        {
+            if let Some(plan) = self.plans.norm_plan(*m, *k, silu_mul) {
+                let n_out = if silu_mul { self.n / 2 } else { self.n };
+                return crate::gemv::packed::norm::packed_norm_gemv(x, delta, norm, plan, n_out);
+            }
+        }
+        let (s, h) = norm.forward(x, delta)?;
+        let y = if silu_mul {
+            self.forward_silu_mul(&h)?
+        } else {
+            self.forward(&h)?
+        };
+        Ok((s, y))
+    }
+}
+
+impl QuantLinear {
+    /// Whether [`forward_add_norm`](Self::forward_add_norm) of `m` BF16 tokens runs as one
+    /// kernel (the GEMV with the norm in its prologue) rather than the norm, then the layer:
+    /// for tests and benchmarks.
+    #[doc(hidden)]
+    pub fn fuses_norm(&self, m: usize, silu_mul: bool) -> bool {
+        #[cfg(feature = "cuda")]
+        if matches!(self.weight, Weight::Packed(_)) && self.bias.is_none() {
+            return self.plans.norm_plan(m, self.k, silu_mul).is_some();
+        }
+        let _ = (m, silu_mul);
+        false
+    }
+}
+
 impl Module for QuantLinear {
     /// `x·Wᵀ + b` for `x` of shape `[..., K]` → `[..., N]`, in `x`'s dtype (computed in
     /// BF16; see the module docs for the rounding).

@@ -37,6 +37,10 @@ pub(crate) enum Choice {
 #[derive(Debug, Clone)]
 pub(crate) struct Plans {
     by_m: Vec<[Choice; 2]>,
+    /// CUDA, packed NVFP4 weights with K ≤ `NORM_K_MAX`: the GEMV with the RMSNorm prologue
+    /// (without and with `silu_mul`), for the `m` whose choice is the one-tile packed GEMV.
+    #[cfg(feature = "cuda")]
+    norm: [Option<std::sync::Arc<crate::gemv::packed::cuda::NormGemvPlan>>; 2],
 }
 
 impl Plans {
@@ -97,7 +101,45 @@ impl Plans {
             }
             by_m.push(pair);
         }
-        Ok(Self { by_m })
+        #[cfg(feature = "cuda")]
+        let norm = match (device, weight) {
+            (Device::Cuda(d), Weight::Packed(p)) => {
+                let mut v = [None, None];
+                for (slot, silu) in v.iter_mut().zip([false, true]) {
+                    if silu && !n.is_multiple_of(2) {
+                        continue;
+                    }
+                    *slot = crate::gemv::packed::cuda::plan_norm(d, p, silu, pdl, false)?
+                        .map(std::sync::Arc::new);
+                }
+                v
+            }
+            _ => [None, None],
+        };
+        Ok(Self {
+            by_m,
+            #[cfg(feature = "cuda")]
+            norm,
+        })
+    }
+
+    /// The GEMV with the RMSNorm prologue for `m` tokens, where the table runs the packed
+    /// GEMV for `m` and the prologue serves it ([`use_norm_prologue`]).
+    ///
+    /// [`use_norm_prologue`]: crate::gemv::packed::use_norm_prologue
+    #[cfg(feature = "cuda")]
+    pub(crate) fn norm_plan(
+        &self,
+        m: usize,
+        k: usize,
+        silu_mul: bool,
+    ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda::NormGemvPlan>> {
+        let packed = matches!(self.choice(m, silu_mul), Choice::Packed(_));
+        if packed && crate::gemv::packed::use_norm_prologue(m, k) {
+            self.norm[usize::from(silu_mul)].as_ref()
+        } else {
+            None
+        }
     }
 
     /// The choice for `m` tokens (matmul outside `1..=MAX_M`).

@@ -153,13 +153,40 @@ impl Attention {
         cache: &mut LayerCache,
         for_graph: bool,
     ) -> candle_core::Result<Tensor> {
-        let b = x.dim(0)?;
+        self.decode_from_qkv(&self.qkv.forward(x)?, positions, cache, for_graph)
+    }
+
+    /// [`forward_decode`](Self::forward_decode) behind the residual add and `norm`: `x` the
+    /// residual stream, `delta` what to add to it first (`None`: nothing) →
+    /// `(x + delta, attention output)`, the norm inside the q|k|v GEMV's kernel where it
+    /// can run there ([`QuantLinear::forward_add_norm`]).
+    pub fn forward_decode_add_norm(
+        &self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        norm: &super::norm::RmsNorm,
+        positions: &Tensor,
+        cache: &mut LayerCache,
+        for_graph: bool,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (s, qkv) = self.qkv.forward_add_norm(x, delta, norm, false)?;
+        Ok((s, self.decode_from_qkv(&qkv, positions, cache, for_graph)?))
+    }
+
+    /// The decode step after the q|k|v projection (`qkv` `[batch, (heads + 2·kv_heads)·d]`).
+    fn decode_from_qkv(
+        &self,
+        qkv: &Tensor,
+        positions: &Tensor,
+        cache: &mut LayerCache,
+        for_graph: bool,
+    ) -> candle_core::Result<Tensor> {
+        let b = qkv.dim(0)?;
         let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let qkv = self.qkv.forward(x)?;
         if let Some(f) = self.rope.fused() {
             if qkv.dtype() == DType::BF16 && cache.fuses_rope_append() {
                 // One kernel rotates q and k and stores k and v in the cache.
-                let y = cache.decode_batch_rope(f, &qkv, positions, nh, for_graph)?;
+                let y = cache.decode_batch_rope(f, qkv, positions, nh, for_graph)?;
                 let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
                 return self.o.forward(&y);
             }
@@ -167,7 +194,7 @@ impl Attention {
         let (q, k, v) = match self.rope.fused() {
             // One kernel: q and k rotated, v copied, [b, nh + 2·nkv, hd].
             Some(f) if qkv.dtype() == DType::BF16 => {
-                let r = f.forward(&qkv, positions)?;
+                let r = f.forward(qkv, positions)?;
                 (
                     r.narrow(1, 0, nh)?,
                     r.narrow(1, nh, nkv)?,

@@ -98,7 +98,9 @@ impl Block {
     /// in a CUDA graph. The residual stream arrives as `x + delta` (`x` `[batch, hidden]`,
     /// `delta` the previous layer's MLP output, `None` at the first layer) and leaves the
     /// same way, `(x', mlp output)`, so each residual add runs inside the next norm's kernel
-    /// ([`AddRmsNorm`]); the result equals [`forward`](Self::forward)'s `x' + mlp output`.
+    /// ([`AddRmsNorm`]), or inside the q|k|v and gate|up GEMVs' kernels where they take it
+    /// ([`QuantLinear::forward_add_norm`]); the result equals
+    /// [`forward`](Self::forward)'s `x' + mlp output`.
     pub fn forward_decode(
         &self,
         x: &Tensor,
@@ -107,10 +109,15 @@ impl Block {
         cache: &mut LayerCache,
         for_graph: bool,
     ) -> candle_core::Result<(Tensor, Tensor)> {
-        let (x, h) = self.attn_norm.add_forward(x, delta)?;
-        let a = self.attn.forward_decode(&h, positions, cache, for_graph)?;
-        let (x, h) = self.mlp_norm.add_forward(&x, Some(&a))?;
-        Ok((x, self.mlp.forward(&h)?))
+        let (x, a) = self.attn.forward_decode_add_norm(
+            x,
+            delta,
+            &self.attn_norm,
+            positions,
+            cache,
+            for_graph,
+        )?;
+        self.mlp.forward_add_norm(&x, Some(&a), &self.mlp_norm)
     }
 
     /// Every Linear of the layer: q/k/v (fused or not), o, gate/up, down.

@@ -167,6 +167,29 @@ impl FusedLinear {
         }
     }
 
+    /// The residual add and the norm in front of this projection, then the projection
+    /// (`silu_mul`: [`forward_silu_mul`](Self::forward_silu_mul)): `(x + delta, y)`. A fused
+    /// layer behind the fused norm runs it in one kernel where it can
+    /// ([`QuantLinear::forward_add_norm`]); otherwise the norm, then the projection.
+    pub fn forward_add_norm(
+        &self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        norm: &super::norm::RmsNorm,
+        silu_mul: bool,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        if let (Self::One(l), Some(f)) = (self, norm.fused_for(x)) {
+            return l.forward_add_norm(x, delta, f, silu_mul);
+        }
+        let (s, h) = norm.add_forward(x, delta)?;
+        let y = if silu_mul {
+            self.forward_silu_mul(&h)?
+        } else {
+            self.forward(&h)?
+        };
+        Ok((s, y))
+    }
+
     /// Replaces the members by `layers` (same total rows and inputs), giving each the
     /// rows of the old layers' biases (fused or not) it covers, unless it has its own.
     pub fn replace(&mut self, layers: Vec<QuantLinear>) -> Result<()> {

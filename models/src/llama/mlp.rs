@@ -102,6 +102,18 @@ impl Mlp {
         self.forward_captured(x, &mut super::capture::ignore_inputs)
     }
 
+    /// The residual add and `norm` in front of the MLP, then the MLP: `(x + delta, mlp(norm(x
+    /// + delta)))`, the norm inside the gate|up GEMV's kernel where it can run there.
+    pub fn forward_add_norm(
+        &self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        norm: &super::norm::RmsNorm,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (s, m) = self.gate_up.forward_add_norm(x, delta, norm, true)?;
+        Ok((s, self.down.forward(&m)?))
+    }
+
     /// [`forward`](Self::forward), reporting the inputs of gate/up ([`Site::GateUp`]) and
     /// down_proj ([`Site::Down`]) to `hook`.
     pub fn forward_captured(

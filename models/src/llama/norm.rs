@@ -37,6 +37,13 @@ impl RmsNorm {
         self.eps
     }
 
+    /// The fused op, when it serves `x` (BF16 `[rows, hidden]`).
+    pub fn fused_for(&self, x: &Tensor) -> Option<&AddRmsNorm> {
+        self.fused
+            .as_ref()
+            .filter(|_| x.dtype() == DType::BF16 && x.rank() == 2)
+    }
+
     /// `rms_norm(x) · weight` over the last dimension of `x` `[rows, hidden]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match &self.fused {

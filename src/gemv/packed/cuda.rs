@@ -3,13 +3,17 @@
 //! the kernel, its geometry and its split-K workspace once per layer and token tile, so
 //! that [`forward`] only checks the storages and launches.
 
-use super::geometry::{depth_suits, packed_geometry, PACKED_WARPS};
+use super::geometry::{
+    depth_suits, packed_geometry, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+};
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::{PackParams, PackedDequantParams, PackedGemvParams};
 use crate::layout::contiguous_range;
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
-use crate::variants::{pgemv_depths, pgemv_kernel_name, PGEMV_NTS};
+use crate::variants::{
+    pgemv_depths, pgemv_kernel_name, pgemv_norm_kernel_name, PGEMV_NORM_KERNELS, PGEMV_NTS,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -321,11 +325,203 @@ pub(crate) fn forward(
             split: plan.split as i32,
             npairs: l.npairs as i32,
             pad: 0,
+            delta: 0,
+            norm_w: 0,
+            sum: 0,
+            eps: 0.0,
+            pad2: 0,
         };
         unsafe { launch(&stream, &plan.f, plan.launch, &p)? };
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
         Shape::from((m, n_out)),
+    ))
+}
+
+/// Dynamic shared memory the norm variants may use (set once on the function, the same
+/// value for every layer; under the 48 KiB default today, set anyway so a larger
+/// [`NORM_K_MAX`] needs no other change).
+const NORM_SMEM_MAX: usize = NORM_MAX_M * (NORM_K_MAX + 8) * 2;
+
+/// The packed GEMV with the RMSNorm prologue, resolved for one layer (its weight's
+/// pointers included: the layer owns the weight and this plan keeps it alive).
+#[derive(Debug)]
+pub(crate) struct NormGemvPlan {
+    f: CudaFunction,
+    launch: Launch,
+    layout: PackedLayout,
+    silu_mul: bool,
+    split: usize,
+    w_ptr: u64,
+    s_ptr: u64,
+    global_scale: f32,
+    partial: Option<CudaSlice<f32>>,
+    counters: Option<CudaSlice<u32>>,
+    _weight: (candle_core::Tensor, candle_core::Tensor),
+}
+
+/// Plans the norm variant of the packed GEMV of `w` (token tile 1, up to 8 tokens), or
+/// `None` when K is above [`NORM_K_MAX`] or no variant exists for `silu_mul`.
+pub(crate) fn plan_norm(
+    dev: &CudaDevice,
+    w: &super::PackedNvfp4,
+    silu_mul: bool,
+    pdl: bool,
+    sm80: bool,
+) -> Result<Option<NormGemvPlan>> {
+    let l = w.layout();
+    let Some(&(nt, _, u)) = PGEMV_NORM_KERNELS.iter().find(|v| v.1 == silu_mul) else {
+        return Ok(None);
+    };
+    if 8 * nt != NORM_MAX_M || l.k > NORM_K_MAX || (silu_mul && !l.n.is_multiple_of(2)) {
+        return Ok(None);
+    }
+    let fa = facts(dev)?;
+    let image = if sm80 { Image::Compute80Ptx } else { fa.image };
+    let loaded = module(dev, KernelFile::GemvPacked, image)?;
+    let name = pgemv_norm_kernel_name(silu_mul, nt, u);
+    let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
+    let smem = 8 * nt * (l.k + 8) * 2;
+    let mut occ = [0usize; 9];
+    for wc in PACKED_WARPS {
+        occ[wc] = f
+            .occupancy_max_active_blocks_per_multiprocessor(32 * wc as u32, smem, None)
+            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))? as usize;
+    }
+    let groups = l.groups(silu_mul);
+    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
+    let ctas = groups * split;
+    if ctas > i32::MAX as usize {
+        bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");
+    }
+    let (partial, counters) = if split > 1 {
+        let per = (if silu_mul { 2 } else { 1 }) * nt * 32 * 4;
+        (
+            Some(dev.alloc_zeros::<f32>(ctas * per)?),
+            Some(dev.alloc_zeros::<u32>(groups)?),
+        )
+    } else {
+        (None, None)
+    };
+    let stream = dev.cuda_stream();
+    let ptr = |t: &candle_core::Tensor, what: &str| -> Result<u64> {
+        let (st, lay) = t.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*st else {
+            bail!("packed NVFP4 GEMV (norm): the {what} are not on the GPU")
+        };
+        let (a, b) = contiguous_range("packed NVFP4 GEMV (norm)", what, lay)?;
+        Ok(if what == "codes" {
+            cs.as_cuda_slice::<u8>()?.slice(a..b).device_ptr(&stream).0
+        } else {
+            cs.as_cuda_slice::<u32>()?.slice(a..b).device_ptr(&stream).0
+        })
+    };
+    let w_ptr = ptr(w.codes(), "codes")?;
+    let s_ptr = ptr(w.scales(), "scales")?;
+    if !w_ptr.is_multiple_of(16) {
+        bail!("packed NVFP4 GEMV (norm): the packed codes are not 16-byte aligned");
+    }
+    Ok(Some(NormGemvPlan {
+        f,
+        launch: Launch {
+            grid: (ctas as u32, 1, 1),
+            block: 32 * warps as u32,
+            cluster: 1,
+            pdl: pdl && image.has_sm90_features(),
+            smem: 0,
+        },
+        layout: *l,
+        silu_mul,
+        split,
+        w_ptr,
+        s_ptr,
+        global_scale: w.global_scale(),
+        partial,
+        counters,
+        _weight: (w.codes().clone(), w.scales().clone()),
+    }))
+}
+
+/// The fused `(x + delta, gemv(rms_norm(x + delta) · norm_w))` on the GPU: `x` the residual
+/// stream BF16 `[m, K]` (m ≤ 8), `delta` the same shape or `None`, `norm_w` the norm
+/// weight's device pointer (BF16 `[K]`). Returns one BF16 buffer: with a delta
+/// `[m·K sums | m·N_out outputs]`, else the outputs alone.
+pub(crate) fn forward_norm(
+    plan: &NormGemvPlan,
+    norm_w: u64,
+    eps: f32,
+    x: &CudaStorage,
+    lx: &Layout,
+    delta: Option<(&CudaStorage, &Layout)>,
+) -> Result<(CudaStorage, Shape)> {
+    const OP: &str = "packed_nvfp4_gemv (norm)";
+    let l = &plan.layout;
+    let (m, k) = lx.shape().dims2()?;
+    if k != l.k || !use_norm_prologue(m, k) {
+        bail!(
+            "{OP}: the launch plan is for K = {} and up to {NORM_MAX_M} tokens, the call has K = {k} and {m}",
+            l.k
+        );
+    }
+    let (x0, x1) = contiguous_range(OP, "x", lx)?;
+    if !x0.is_multiple_of(8) || !norm_w.is_multiple_of(16) {
+        bail!("{OP}: x and the norm weight must be 16-byte aligned");
+    }
+    let dev = x.device().clone();
+    let stream = dev.cuda_stream();
+    let xs = x.as_cuda_slice::<bf16>()?.slice(x0..x1);
+    let ds = match delta {
+        Some((d, ld)) => {
+            let (d0, d1) = contiguous_range(OP, "delta", ld)?;
+            if d1 - d0 != m * k || !d0.is_multiple_of(8) {
+                bail!("{OP}: delta must be a 16-byte aligned [{m}, {k}] like x");
+            }
+            Some(d.as_cuda_slice::<bf16>()?.slice(d0..d1))
+        }
+        None => None,
+    };
+    let n_out = if plan.silu_mul { l.n / 2 } else { l.n };
+    let sums = if ds.is_some() { m * k } else { 0 };
+    let mut out = unsafe { dev.alloc::<bf16>(sums + m * n_out)? };
+    {
+        let (xp, _gx) = xs.device_ptr(&stream);
+        let dg = ds.as_ref().map(|d| d.device_ptr(&stream));
+        let (op_, _go) = out.device_ptr_mut(&stream);
+        let elem = std::mem::size_of::<bf16>() as u64;
+        let pg = plan.partial.as_ref().map(|w| w.device_ptr(&stream));
+        let cg = plan.counters.as_ref().map(|w| w.device_ptr(&stream));
+        let p = PackedGemvParams {
+            w: plan.w_ptr,
+            scales: plan.s_ptr,
+            x: xp,
+            out: op_ + sums as u64 * elem,
+            partial: pg.as_ref().map_or(0, |g| g.0),
+            counters: cg.as_ref().map_or(0, |g| g.0),
+            out_scale: plan.global_scale * 256.0,
+            m: m as i32,
+            n: l.n as i32,
+            k: k as i32,
+            x_stride: k as i32,
+            half_pad: l.half_pad as i32,
+            groups: l.groups(plan.silu_mul) as i32,
+            split: plan.split as i32,
+            npairs: l.npairs as i32,
+            pad: 0,
+            delta: dg.as_ref().map_or(0, |g| g.0),
+            norm_w,
+            sum: if sums > 0 { op_ } else { 0 },
+            eps,
+            pad2: 0,
+        };
+        let launch_m = Launch {
+            smem: (m * (k + 8) * 2) as u32,
+            ..plan.launch
+        };
+        unsafe { launch(&stream, &plan.f, launch_m, &p)? };
+    }
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev),
+        Shape::from(sums + m * n_out),
     ))
 }

@@ -57,6 +57,26 @@ pub fn depth_suits(npairs: usize, warps: usize, split: usize, u: usize) -> bool 
     npairs.div_ceil((warps * split).max(1)) >= u
 }
 
+/// Most tokens the GEMVs with the RMSNorm prologue serve (one token tile).
+pub const NORM_MAX_M: usize = 8;
+
+// The largest shared-memory need of the norm prologue stays under the 48 KiB default.
+const _: () = assert!(NORM_MAX_M * (NORM_K_MAX + 8) * 2 <= 48 * 1024);
+
+/// Longest K the GEMVs with the RMSNorm prologue serve. Every CTA repeats the norm over
+/// all of K before its main loop, which pays only where K is small: on the H200
+/// (docs/benchmarks.md, thirteenth session) it took SmolLM2 (K = 576) from 1358 to 1402
+/// tok/s, but the Llama-3.1-8B step (K = 4096) from 434.9 to 388.1 tok/s at batch 1 and
+/// from 2983 to 1694 at batch 8, so the 8B keeps the norm kernel.
+pub const NORM_K_MAX: usize = 1024;
+
+/// Whether a projection of `m` tokens with in-features `k` can take the RMSNorm in front
+/// of it into its prologue (the packed GEMV's norm variants): `1 ≤ m ≤ 8`, `k ≤ 1024`.
+/// Pure: the layer asks it per call, the planner once per layer.
+pub fn use_norm_prologue(m: usize, k: usize) -> bool {
+    (1..=NORM_MAX_M).contains(&m) && k > 0 && k <= NORM_K_MAX
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +102,16 @@ mod tests {
         assert_eq!(g(64, 32), (8, 4)); // few groups, long K: the split
                                        // 70B gate|up: w2 79.9 µs, best w3 78.9 (within 2 %)
         assert_eq!(g(1792, 64).0, 2);
+    }
+
+    #[test]
+    fn norm_prologue_rule() {
+        assert!(use_norm_prologue(1, 576)); // SmolLM2
+        assert!(use_norm_prologue(8, 576)); // SmolLM2, batch 8
+        assert!(!use_norm_prologue(9, 576)); // past one token tile
+        assert!(!use_norm_prologue(0, 576));
+        assert!(!use_norm_prologue(1, 4096)); // 8B: slower than the norm kernel (measured)
+        assert!(use_norm_prologue(1, NORM_K_MAX) && !use_norm_prologue(1, NORM_K_MAX + 64));
     }
 
     #[test]

@@ -16,8 +16,12 @@
 pub(crate) mod cuda;
 mod geometry;
 mod layout;
+#[cfg(feature = "cuda")]
+pub(crate) mod norm;
 
-pub use geometry::{depth_suits, packed_geometry, PACKED_WARPS};
+pub use geometry::{
+    depth_suits, packed_geometry, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+};
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
 };

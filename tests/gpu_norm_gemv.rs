@@ -1,0 +1,148 @@
+//! The packed NVFP4 GEMV with the RMSNorm in its prologue (`QuantLinear::forward_add_norm`
+//! on a GPU: one kernel) against the CPU reference (feature `cuda`, needs an NVIDIA GPU).
+//!
+//! Inputs are chosen so that the norm is exact on both sides whatever the order of its sum
+//! of squares: x and delta are multiples of 1/4 in [-2, 2], so s = x + delta is an exact
+//! BF16 multiple of 1/4 in [-4, 4], each s² a multiple of 1/16 at most 16, and every partial
+//! sum of up to 1024 of them (≤ 2^14, step 2^-4: 18 bits) is exact in f32. Then the sum
+//! `s` must equal the CPU's bit for bit, the normalized row `h` is the CPU's `h`, and the
+//! output is checked against the FP64 product `h · Wᵀ · gs` with the GEMV's derived bound
+//! (`gemv_gpu_common::check`: FP32 sums in another order, one BF16 rounding). Shapes reach
+//! odd row tiles, an odd number of 64-wide K chunks, the silu epilogue, M = 1, 3, 8, with
+//! and without a delta, and K at the prologue's limit (1024); a second call must give the same
+//! bits (split-K counters reset), and the fused path must be the one taken.
+#![cfg(feature = "cuda")]
+
+mod gemv_gpu_common;
+
+use candle_core::{DType, Device, Tensor};
+use candle_fp4::norm::AddRmsNorm;
+use candle_fp4::nvfp4::dequantize_rows;
+use candle_fp4::quant_linear::QuantLinear;
+use gemv_gpu_common::{abs_dot, check, gpu, layer, R};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// The shipped sm90 table plus entries for the test's untuned shapes (so the layer plans
+/// the packed GEMV for them), as the `CANDLE_FP4_TABLES` override; set before any table
+/// is loaded (every test calls this first).
+fn test_tables() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let text = candle_fp4::tables::embedded_table("sm90").expect("sm90 table");
+        let mut t: serde_json::Value = serde_json::from_str(text).expect("sm90 table parses");
+        let entries = t["entries"].as_array_mut().expect("entries");
+        for (n, k, silu) in [(200, 320, false), (272, 1024, true), (64, 4096, false)] {
+            entries.push(serde_json::json!({
+                "n": n, "k": k, "silu_mul": silu, "bf16": false,
+                "nts": [1, 2, 4], "margins": [1.0, 1.0, 1.0]
+            }));
+        }
+        let dir = std::env::temp_dir().join(format!("cfp4-norm-gemv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("sm90.json"), t.to_string()).expect("table written");
+        std::env::set_var(candle_fp4::tables::TABLES_ENV, &dir);
+    });
+}
+
+fn quarters(rows: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
+    let v: Vec<f32> = (0..rows * k)
+        .map(|_| rng.random_range(-8i32..=8) as f32 / 4.0)
+        .collect();
+    Tensor::from_vec(v, (rows, k), &Device::Cpu)?.to_dtype(DType::BF16)
+}
+
+fn bits(t: &Tensor) -> R<Vec<u16>> {
+    Ok(t.to_device(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<half::bf16>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}
+
+fn run(n: usize, k: usize, silu: bool, seed: u64) -> R<()> {
+    test_tables();
+    let dev = gpu();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let l = layer(n, k, &mut rng)?;
+    let ql = QuantLinear::from_nvfp4_parts(
+        l.codes.to_device(&dev)?,
+        l.scales.to_device(&dev)?,
+        l.gs,
+        None,
+    )?;
+    let wv: Vec<f32> = (0..k).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    let w = Tensor::from_vec(wv, k, &Device::Cpu)?.to_dtype(DType::BF16)?;
+    let (norm_cpu, norm_gpu) = (
+        AddRmsNorm::new(&w, 1e-5)?,
+        AddRmsNorm::new(&w.to_device(&dev)?, 1e-5)?,
+    );
+    let deq = dequantize_rows(&l.codes, &l.scales)?;
+    let deq_gpu = deq.to_device(&dev)?;
+    for m in [1usize, 3, 8] {
+        assert!(
+            ql.fuses_norm(m, silu),
+            "{n}x{k} m={m} silu={silu}: not fused"
+        );
+        let x = quarters(m, k, &mut rng)?;
+        let d = quarters(m, k, &mut rng)?;
+        let (xg, dg) = (x.to_device(&dev)?, d.to_device(&dev)?);
+        for with_delta in [true, false] {
+            let what = format!("norm gemv {n}x{k} m={m} silu={silu} delta={with_delta}");
+            let (cs, ch) = norm_cpu.forward(&x, with_delta.then_some(&d))?;
+            drop(Tensor::full(f32::NAN, (2 * m, n + k), &dev)?.to_dtype(DType::BF16)?);
+            let (gs, y) = ql.forward_add_norm(&xg, with_delta.then_some(&dg), &norm_gpu, silu)?;
+            assert_eq!(bits(&gs)?, bits(&cs)?, "{what}: x + delta");
+            let pre = (ch
+                .to_dtype(DType::F64)?
+                .matmul(&deq.to_dtype(DType::F64)?.t()?)?
+                * l.gs as f64)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?;
+            let absd = abs_dot(&ch.to_device(&dev)?, &deq_gpu, l.gs)?;
+            check(&what, &y, &pre, &absd, k, silu, false)?;
+            let (_, again) =
+                ql.forward_add_norm(&xg, with_delta.then_some(&dg), &norm_gpu, silu)?;
+            assert_eq!(bits(&again)?, bits(&y)?, "{what}: a second call differs");
+        }
+    }
+    // Past one token tile the layer runs the norm, then the GEMV: same values.
+    assert!(!ql.fuses_norm(9, silu));
+    Ok(())
+}
+
+#[test]
+fn smollm2_shapes() -> R<()> {
+    run(960, 576, false, 1)?;
+    run(3072, 576, true, 2)
+}
+
+#[test]
+fn awkward_shapes() -> R<()> {
+    run(200, 320, false, 4)?; // 13 row tiles, the last partial; K = 5 chunks of 64
+    run(2 * 136, 1024, true, 5) // halves of 136 rows; K at the prologue's limit
+}
+
+#[test]
+fn wide_k_is_not_fused() -> R<()> {
+    test_tables();
+    let dev = gpu();
+    let mut rng = StdRng::seed_from_u64(6);
+    let l = layer(64, 4096, &mut rng)?;
+    let ql = QuantLinear::from_nvfp4_parts(
+        l.codes.to_device(&dev)?,
+        l.scales.to_device(&dev)?,
+        l.gs,
+        None,
+    )?;
+    assert!(!ql.fuses_norm(1, false));
+    // It still gives the composition's values (the norm kernel, then the GEMV).
+    let x = quarters(2, 4096, &mut rng)?.to_device(&dev)?;
+    let w = Tensor::ones(4096, DType::BF16, &dev)?;
+    let norm = AddRmsNorm::new(&w, 1e-5)?;
+    let (s, y) = ql.forward_add_norm(&x, Some(&x), &norm, false)?;
+    let (s2, h) = norm.forward(&x, Some(&x))?;
+    assert_eq!(bits(&s)?, bits(&s2)?);
+    assert_eq!(bits(&y)?, bits(&candle_core::Module::forward(&ql, &h)?)?);
+    Ok(())
+}
