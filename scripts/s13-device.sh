@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirteenth session's device runs: $@ = steps (proto | check | bench | trace8b | peers | tune)
+# Thirteenth session's device runs: $@ = steps (proto | sass | check | kernel | bench | tune | bench-tuned | trace1)
 # proto: every .carry/pgemv_bench_* harness (the bulk-copy GEMV against the register
 # pipeline, same run); peers: ../shared/peers' W4A16 timings (same call as our bench).
 # Carry: .carry (binaries, xz-compressed or not). Logs under $OUT; summary lines here.
@@ -14,7 +14,19 @@ t() { # one test binary: its log under $OUT, the summary lines here
     timeout "${2:-120}" ./.carry/$1 --test-threads=1 --nocapture 2>&1 | tee "$OUT/$1.log" \
         | grep -E "^test |test result|FAILED|panicked" | grep -v " ok$" | tail -12
 }
+trace() { # $1 = decode_bench row name, $2 = log tag: a per-kernel ncu trace of one graph step
+    echo "== trace $1"
+    CFP4_DECODE_ONLY="=$1" CFP4_DECODE_TRACE=1 timeout 200 "$NCU" --profile-from-start off \
+        --graph-profiling node --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+        ./.carry/decode_bench --bench > "$OUT/trace-$2.csv" 2> "$OUT/trace-$2.err"
+    echo "rc $?"; grep -E "step GPU time|ms/step" "$OUT/trace-$2.err"
+    python3 scripts/proto/ncu-step-summary.py "$OUT/trace-$2.csv" | tee "$OUT/trace-$2.txt"
+}
 for step in ${@}; do case "$step" in
+trace1)
+    trace "smollm2 nvfp4 b1 ctx512 kvbf16 graph" smollm2
+    ;;
 proto)
     for b in .carry/pgemv_bench_*; do
         case "$b" in *.xz) continue ;; esac

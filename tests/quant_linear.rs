@@ -271,3 +271,39 @@ fn from_nvfp4_round_trips() -> Result<()> {
     assert!(QuantLinear::from_nvfp4(&short, None, &Device::Cpu).is_err());
     Ok(())
 }
+
+/// `forward_add_norm` on the CPU is the add + norm, then the layer, bit for bit (with and
+/// without a delta, plain and silu·mul), and never the fused kernel; a norm of another
+/// width is an error.
+#[test]
+fn forward_add_norm_is_the_composition_on_cpu() -> Result<()> {
+    use candle_fp4::norm::AddRmsNorm;
+    let (n, k) = (272, 320);
+    let layer = QuantLinear::from_nvfp4(&quantized(41, n, k), None, &Device::Cpu)?;
+    let w = (rand_x(42, &[k]).abs()? + 0.5)?.to_dtype(DType::BF16)?;
+    let norm = AddRmsNorm::new(&w, 1e-5)?;
+    for m in [1, 5, 40] {
+        let x = rand_x(43 + m as u64, &[m, k]).to_dtype(DType::BF16)?;
+        let d = rand_x(44 + m as u64, &[m, k]).to_dtype(DType::BF16)?;
+        for silu in [false, true] {
+            assert!(!layer.fuses_norm(m, silu));
+            for delta in [Some(&d), None] {
+                let (s, y) = layer.forward_add_norm(&x, delta, &norm, silu)?;
+                let (s2, h) = norm.forward(&x, delta)?;
+                let y2 = if silu {
+                    layer.forward_silu_mul(&h)?
+                } else {
+                    layer.forward(&h)?
+                };
+                let what = format!("m={m} silu={silu} delta={}", delta.is_some());
+                assert_eq!(bits(&s), bits(&s2), "{what}: sum");
+                assert_eq!(bits(&y), bits(&y2), "{what}: output");
+                assert_eq!(y.dims(), [m, if silu { n / 2 } else { n }], "{what}");
+            }
+        }
+    }
+    let other = AddRmsNorm::new(&Tensor::ones(k + 64, DType::BF16, &Device::Cpu)?, 1e-5)?;
+    let x = rand_x(50, &[1, k]).to_dtype(DType::BF16)?;
+    assert!(layer.forward_add_norm(&x, None, &other, false).is_err());
+    Ok(())
+}
