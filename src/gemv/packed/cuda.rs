@@ -171,6 +171,44 @@ pub(crate) struct PackedPlan {
     counters: Option<CudaSlice<u32>>,
 }
 
+/// CTAs of `w` warps of kernel `f` that fit on one SM, for every warp count the planner
+/// considers, with `smem` bytes of dynamic shared memory per CTA.
+fn occupancies(f: &CudaFunction, name: &str, smem: usize) -> Result<[usize; 9]> {
+    let mut occ = [0usize; 9];
+    for w in PACKED_WARPS {
+        occ[w] = f
+            .occupancy_max_active_blocks_per_multiprocessor(32 * w as u32, smem, None)
+            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))? as usize;
+    }
+    Ok(occ)
+}
+
+/// The grid of `groups · split` CTAs and, for a split, its workspace: partial sums of
+/// `tiles · nt` MMA tiles per CTA and one arrival counter per group (zeroed).
+type Workspace = (Option<CudaSlice<f32>>, Option<CudaSlice<u32>>);
+fn grid_and_workspace(
+    dev: &CudaDevice,
+    groups: usize,
+    split: usize,
+    tiles: usize,
+    nt: usize,
+) -> Result<(usize, Workspace)> {
+    let ctas = groups * split;
+    if ctas > i32::MAX as usize {
+        bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");
+    }
+    let ws = if split > 1 {
+        let per = tiles * nt * 32 * 4;
+        (
+            Some(dev.alloc_zeros::<f32>(ctas * per)?),
+            Some(dev.alloc_zeros::<u32>(groups)?),
+        )
+    } else {
+        (None, None)
+    };
+    Ok((ctas, ws))
+}
+
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
 /// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
 /// device's image.
@@ -197,13 +235,7 @@ pub(crate) fn plan(
     for (i, &u) in depths.iter().enumerate() {
         let name = pgemv_kernel_name(silu_mul, nt, u);
         let (f, _) = loaded.function(&name)?;
-        let mut occ = [0usize; 9];
-        for w in PACKED_WARPS {
-            occ[w] = f
-                .occupancy_max_active_blocks_per_multiprocessor(32 * w as u32, 0, None)
-                .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))?
-                as usize;
-        }
+        let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
         if i + 1 == depths.len() || depth_suits(l.npairs, warps, split, u) {
             chosen = Some((f, warps, split));
@@ -213,19 +245,8 @@ pub(crate) fn plan(
     let Some((f, warps, split)) = chosen else {
         bail!("packed NVFP4 GEMV: no kernel for token tile {nt} (silu_mul {silu_mul})");
     };
-    let ctas = groups * split;
-    if ctas > i32::MAX as usize {
-        bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");
-    }
-    let (partial, counters) = if split > 1 {
-        let per = (if silu_mul { 2 } else { 1 }) * nt * 32 * 4;
-        (
-            Some(dev.alloc_zeros::<f32>(ctas * per)?),
-            Some(dev.alloc_zeros::<u32>(groups)?),
-        )
-    } else {
-        (None, None)
-    };
+    let (ctas, (partial, counters)) =
+        grid_and_workspace(dev, groups, split, if silu_mul { 2 } else { 1 }, nt)?;
     Ok(PackedPlan {
         f,
         launch: Launch {
@@ -383,27 +404,11 @@ pub(crate) fn plan_norm(
     let name = pgemv_norm_kernel_name(silu_mul, nt, u);
     let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
     let smem = 8 * nt * (l.k + 8) * 2;
-    let mut occ = [0usize; 9];
-    for wc in PACKED_WARPS {
-        occ[wc] = f
-            .occupancy_max_active_blocks_per_multiprocessor(32 * wc as u32, smem, None)
-            .map_err(|e| cuda_err(&format!("occupancy of {name}"), e))? as usize;
-    }
+    let occ = occupancies(&f, &name, smem)?;
     let groups = l.groups(silu_mul);
     let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
-    let ctas = groups * split;
-    if ctas > i32::MAX as usize {
-        bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");
-    }
-    let (partial, counters) = if split > 1 {
-        let per = (if silu_mul { 2 } else { 1 }) * nt * 32 * 4;
-        (
-            Some(dev.alloc_zeros::<f32>(ctas * per)?),
-            Some(dev.alloc_zeros::<u32>(groups)?),
-        )
-    } else {
-        (None, None)
-    };
+    let (ctas, (partial, counters)) =
+        grid_and_workspace(dev, groups, split, if silu_mul { 2 } else { 1 }, nt)?;
     let stream = dev.cuda_stream();
     let ptr = |t: &candle_core::Tensor, what: &str| -> Result<u64> {
         let (st, lay) = t.storage_and_layout();
