@@ -109,7 +109,13 @@ impl Plans {
                     if silu && !n.is_multiple_of(2) {
                         continue;
                     }
-                    *slot = crate::gemv::packed::cuda::plan_norm(d, p, silu, pdl, false)?
+                    let w = crate::gemv::packed::cuda::PackedWeightRef {
+                        layout: p.layout(),
+                        codes: p.codes(),
+                        scales: p.scales(),
+                        global_scale: p.global_scale(),
+                    };
+                    *slot = crate::gemv::packed::cuda::plan_norm(d, &w, silu, pdl, false)?
                         .map(std::sync::Arc::new);
                 }
                 v

@@ -382,16 +382,25 @@ pub(crate) struct NormGemvPlan {
     _weight: (candle_core::Tensor, candle_core::Tensor),
 }
 
+/// A packed weight as the norm plan needs it (the parts of `PackedNvfp4`, passed apart so
+/// that this file does not import the op module above it).
+pub(crate) struct PackedWeightRef<'a> {
+    pub layout: &'a PackedLayout,
+    pub codes: &'a candle_core::Tensor,
+    pub scales: &'a candle_core::Tensor,
+    pub global_scale: f32,
+}
+
 /// Plans the norm variant of the packed GEMV of `w` (token tile 1, up to 8 tokens), or
 /// `None` when K is above [`NORM_K_MAX`] or no variant exists for `silu_mul`.
 pub(crate) fn plan_norm(
     dev: &CudaDevice,
-    w: &super::PackedNvfp4,
+    w: &PackedWeightRef<'_>,
     silu_mul: bool,
     pdl: bool,
     sm80: bool,
 ) -> Result<Option<NormGemvPlan>> {
-    let l = w.layout();
+    let l = w.layout;
     let Some(&(nt, _, u)) = PGEMV_NORM_KERNELS.iter().find(|v| v.1 == silu_mul) else {
         return Ok(None);
     };
@@ -422,8 +431,8 @@ pub(crate) fn plan_norm(
             cs.as_cuda_slice::<u32>()?.slice(a..b).device_ptr(&stream).0
         })
     };
-    let w_ptr = ptr(w.codes(), "codes")?;
-    let s_ptr = ptr(w.scales(), "scales")?;
+    let w_ptr = ptr(w.codes, "codes")?;
+    let s_ptr = ptr(w.scales, "scales")?;
     if !w_ptr.is_multiple_of(16) {
         bail!("packed NVFP4 GEMV (norm): the packed codes are not 16-byte aligned");
     }
@@ -441,10 +450,10 @@ pub(crate) fn plan_norm(
         split,
         w_ptr,
         s_ptr,
-        global_scale: w.global_scale(),
+        global_scale: w.global_scale,
         partial,
         counters,
-        _weight: (w.codes().clone(), w.scales().clone()),
+        _weight: (w.codes.clone(), w.scales.clone()),
     }))
 }
 
