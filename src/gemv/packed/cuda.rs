@@ -245,6 +245,22 @@ pub(crate) fn plan(
     let Some((f, warps, split)) = chosen else {
         bail!("packed NVFP4 GEMV: no kernel for token tile {nt} (silu_mul {silu_mul})");
     };
+    let pdl = pdl && image.has_sm90_features();
+    finish_plan(dev, f, l, silu_mul, nt, (warps, split), pdl)
+}
+
+/// The plan of kernel `f` with its geometry `(warps, split)`: grid, block and (split > 1)
+/// the split-K workspace.
+fn finish_plan(
+    dev: &CudaDevice,
+    f: CudaFunction,
+    l: &PackedLayout,
+    silu_mul: bool,
+    nt: usize,
+    (warps, split): (usize, usize),
+    pdl: bool,
+) -> Result<PackedPlan> {
+    let groups = l.groups(silu_mul);
     let (ctas, (partial, counters)) =
         grid_and_workspace(dev, groups, split, if silu_mul { 2 } else { 1 }, nt)?;
     Ok(PackedPlan {
@@ -253,7 +269,7 @@ pub(crate) fn plan(
             grid: (ctas as u32, 1, 1),
             block: 32 * warps as u32,
             cluster: 1,
-            pdl: pdl && image.has_sm90_features(),
+            pdl,
             smem: 0,
         },
         layout: *l,
@@ -263,6 +279,38 @@ pub(crate) fn plan(
         partial,
         counters,
     })
+}
+
+impl PackedPlan {
+    /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer
+    /// 0 (the caller sets them) and the norm fields off.
+    fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
+        let l = &self.layout;
+        PackedGemvParams {
+            w: 0,
+            scales: 0,
+            x: 0,
+            out: 0,
+            partial: 0,
+            counters: 0,
+            // The kernel's dequantized weights carry 2^-8 (gemv_packed.cu).
+            out_scale: global_scale * 256.0,
+            m: m as i32,
+            n: l.n as i32,
+            k: l.k as i32,
+            x_stride: x_stride as i32,
+            half_pad: l.half_pad as i32,
+            groups: l.groups(self.silu_mul) as i32,
+            split: self.split as i32,
+            npairs: l.npairs as i32,
+            pad: 0,
+            delta: 0,
+            norm_w: 0,
+            sum: 0,
+            eps: 0.0,
+            pad2: 0,
+        }
+    }
 }
 
 /// Launches `plan` on `x` and the packed weight: checks the storages against the plan,
@@ -335,22 +383,7 @@ pub(crate) fn forward(
             out: op_,
             partial: pp,
             counters: cnt,
-            // The kernel's dequantized weights carry 2^-8 (gemv_packed.cu).
-            out_scale: global_scale * 256.0,
-            m: m as i32,
-            n: l.n as i32,
-            k: k as i32,
-            x_stride: rs as i32,
-            half_pad: l.half_pad as i32,
-            groups: l.groups(plan.silu_mul) as i32,
-            split: plan.split as i32,
-            npairs: l.npairs as i32,
-            pad: 0,
-            delta: 0,
-            norm_w: 0,
-            sum: 0,
-            eps: 0.0,
-            pad2: 0,
+            ..plan.params(m, rs, global_scale)
         };
         unsafe { launch(&stream, &plan.f, plan.launch, &p)? };
     }
@@ -369,17 +402,28 @@ const NORM_SMEM_MAX: usize = NORM_MAX_M * (NORM_K_MAX + 8) * 2;
 /// pointers included: the layer owns the weight and this plan keeps it alive).
 #[derive(Debug)]
 pub(crate) struct NormGemvPlan {
-    f: CudaFunction,
-    launch: Launch,
-    layout: PackedLayout,
-    silu_mul: bool,
-    split: usize,
+    base: PackedPlan,
     w_ptr: u64,
     s_ptr: u64,
     global_scale: f32,
-    partial: Option<CudaSlice<f32>>,
-    counters: Option<CudaSlice<u32>>,
     _weight: (candle_core::Tensor, candle_core::Tensor),
+}
+
+/// The device pointer of the contiguous `T` tensor `t` (on the GPU).
+fn tensor_ptr<T: candle_core::cuda_backend::CudaDType>(
+    t: &candle_core::Tensor,
+    what: &str,
+    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+) -> Result<u64> {
+    const OP: &str = "packed NVFP4 GEMV (norm)";
+    let (st, lay) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(cs) = &*st else {
+        bail!("{OP}: the {what} are not on the GPU")
+    };
+    let (a, b) = contiguous_range(OP, what, lay)?;
+    let slice = cs.as_cuda_slice::<T>()?.slice(a..b);
+    let (ptr, _guard) = slice.device_ptr(stream);
+    Ok(ptr)
 }
 
 /// A packed weight as the norm plan needs it (the parts of `PackedNvfp4`, passed apart so
@@ -414,45 +458,20 @@ pub(crate) fn plan_norm(
     let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
     let smem = 8 * nt * (l.k + 8) * 2;
     let occ = occupancies(&f, &name, smem)?;
-    let groups = l.groups(silu_mul);
-    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
-    let (ctas, (partial, counters)) =
-        grid_and_workspace(dev, groups, split, if silu_mul { 2 } else { 1 }, nt)?;
+    let geometry = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
+    let pdl = pdl && image.has_sm90_features();
+    let base = finish_plan(dev, f, l, silu_mul, nt, geometry, pdl)?;
     let stream = dev.cuda_stream();
-    let ptr = |t: &candle_core::Tensor, what: &str| -> Result<u64> {
-        let (st, lay) = t.storage_and_layout();
-        let candle_core::Storage::Cuda(cs) = &*st else {
-            bail!("packed NVFP4 GEMV (norm): the {what} are not on the GPU")
-        };
-        let (a, b) = contiguous_range("packed NVFP4 GEMV (norm)", what, lay)?;
-        Ok(if what == "codes" {
-            cs.as_cuda_slice::<u8>()?.slice(a..b).device_ptr(&stream).0
-        } else {
-            cs.as_cuda_slice::<u32>()?.slice(a..b).device_ptr(&stream).0
-        })
-    };
-    let w_ptr = ptr(w.codes, "codes")?;
-    let s_ptr = ptr(w.scales, "scales")?;
+    let w_ptr = tensor_ptr::<u8>(w.codes, "codes", &stream)?;
+    let s_ptr = tensor_ptr::<u32>(w.scales, "scales", &stream)?;
     if !w_ptr.is_multiple_of(16) {
         bail!("packed NVFP4 GEMV (norm): the packed codes are not 16-byte aligned");
     }
     Ok(Some(NormGemvPlan {
-        f,
-        launch: Launch {
-            grid: (ctas as u32, 1, 1),
-            block: 32 * warps as u32,
-            cluster: 1,
-            pdl: pdl && image.has_sm90_features(),
-            smem: 0,
-        },
-        layout: *l,
-        silu_mul,
-        split,
+        base,
         w_ptr,
         s_ptr,
         global_scale: w.global_scale,
-        partial,
-        counters,
         _weight: (w.codes.clone(), w.scales.clone()),
     }))
 }
@@ -470,7 +489,8 @@ pub(crate) fn forward_norm(
     delta: Option<(&CudaStorage, &Layout)>,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "packed_nvfp4_gemv (norm)";
-    let l = &plan.layout;
+    let base = &plan.base;
+    let l = &base.layout;
     let (m, k) = lx.shape().dims2()?;
     if k != l.k || !use_norm_prologue(m, k) {
         bail!(
@@ -495,7 +515,7 @@ pub(crate) fn forward_norm(
         }
         None => None,
     };
-    let n_out = if plan.silu_mul { l.n / 2 } else { l.n };
+    let n_out = if base.silu_mul { l.n / 2 } else { l.n };
     let sums = if ds.is_some() { m * k } else { 0 };
     let mut out = unsafe { dev.alloc::<bf16>(sums + m * n_out)? };
     {
@@ -503,8 +523,8 @@ pub(crate) fn forward_norm(
         let dg = ds.as_ref().map(|d| d.device_ptr(&stream));
         let (op_, _go) = out.device_ptr_mut(&stream);
         let elem = std::mem::size_of::<bf16>() as u64;
-        let pg = plan.partial.as_ref().map(|w| w.device_ptr(&stream));
-        let cg = plan.counters.as_ref().map(|w| w.device_ptr(&stream));
+        let pg = base.partial.as_ref().map(|w| w.device_ptr(&stream));
+        let cg = base.counters.as_ref().map(|w| w.device_ptr(&stream));
         let p = PackedGemvParams {
             w: plan.w_ptr,
             scales: plan.s_ptr,
@@ -512,27 +532,17 @@ pub(crate) fn forward_norm(
             out: op_ + sums as u64 * elem,
             partial: pg.as_ref().map_or(0, |g| g.0),
             counters: cg.as_ref().map_or(0, |g| g.0),
-            out_scale: plan.global_scale * 256.0,
-            m: m as i32,
-            n: l.n as i32,
-            k: k as i32,
-            x_stride: k as i32,
-            half_pad: l.half_pad as i32,
-            groups: l.groups(plan.silu_mul) as i32,
-            split: plan.split as i32,
-            npairs: l.npairs as i32,
-            pad: 0,
             delta: dg.as_ref().map_or(0, |g| g.0),
             norm_w,
             sum: if sums > 0 { op_ } else { 0 },
             eps,
-            pad2: 0,
+            ..base.params(m, k, plan.global_scale)
         };
         let launch_m = Launch {
             smem: (m * (k + 8) * 2) as u32,
-            ..plan.launch
+            ..base.launch
         };
-        unsafe { launch(&stream, &plan.f, launch_m, &p)? };
+        unsafe { launch(&stream, &base.f, launch_m, &p)? };
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
