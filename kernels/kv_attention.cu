@@ -50,7 +50,13 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     // launch before it: it starts once every CTA of that launch is running, i.e. past its
     // griddep_wait, so everything the ring reads is complete; it waits for that launch only
     // before exiting (the kernel wrapper), so that its own dependents see both.
-    if (!p.late_wait) griddep_wait();
+    // Rope + append fused (BF16 cache, positions set; see KvAttnParams): q is the raw q|k|v
+    // projection and lens the lengths before this token. The kernel then reads lens and the
+    // cached rows (< lens) before griddepcontrol.wait: the decode step writes neither before
+    // this kernel (the layer's combine advances lens after it; the host launches without PDL
+    // when its own calls wrote them since), so only q|k|v waits for the previous kernel.
+    const bool fuse = !FP4 && p.positions != nullptr;
+    if (!p.late_wait && !fuse) griddep_wait();
     griddep_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x;
@@ -59,13 +65,21 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const int b = blockIdx.z;
     // Tokens this launch attends over: all, or with an exact window of the last `win` tokens
     // in a BF16 ring, the UltraQuant slots before it / the ring rows.
-    const int len_all = int(p.lens[b]);
+    const int len_old = int(p.lens[b]);  // fused: the new token's row
+    const int len_all = fuse ? min(len_old + 1, p.capacity) : len_old;
     const int len = p.win <= 0 ? len_all : FP4 ? max(len_all - p.win, 0) : min(len_all, p.win);
     constexpr int TT = 16 * C::TPI;  // tokens per stage
     const int per = (((len + p.splits - 1) / p.splits) + TT - 1) / TT * TT;
     const int t0 = min(split * per, len), t1 = min(t0 + per, len);
     const int ntiles = (t1 - t0 + TT - 1) / TT;
     const int cnt = warp < ntiles ? (ntiles - 1 - warp) / C::NW + 1 : 0;
+    // Fused: tokens from tcopy on are not in the cache yet (zero-filled in the stages); the
+    // new token's stage row is written from registers by warp new_warp at iteration new_it.
+    const int tcopy = fuse ? min(t1, len_old) : t1;
+    const bool owns_new = fuse && t0 <= len_old && len_old < t1;
+    const int new_tile = owns_new ? (len_old - t0) / TT : 0;
+    const bool new_here = owns_new && warp == new_tile % C::NW;
+    const int new_it = new_tile / C::NW;
     const uint8_t* kb = static_cast<const uint8_t*>(p.k);
     const uint8_t* vb = static_cast<const uint8_t*>(p.v);
     const size_t row0 = size_t(b) * p.capacity * p.kv_heads + kvh;
@@ -83,7 +97,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                 return;
             }
         }
-        load_tile<FP4, D, NT>(buf, kb, vb, row0, p.kv_heads, tb, t1, lane);
+        load_tile<FP4, D, NT>(buf, kb, vb, row0, p.kv_heads, tb, tcopy, lane);
     };
 
     // Start streaming before the query is prepared.
@@ -91,6 +105,46 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     for (int s = 0; s < C::NSTAGE - 1; ++s) {
         if (s < cnt) issue(stages + s * C::STAGE, s);
         cp_async_commit();
+    }
+
+    // Fused: the rope tables' row of this sequence's position, the new token's rotated k and
+    // its v (bf16 pairs (i, i + D/2), i = lane + 32 r) in the owning warp, stored in the cache
+    // by head chunk 0's CTA; then every rope and load of q|k|v after the wait.
+    constexpr int HALF = D / 2, NP = (HALF + 31) / 32;
+    const __nv_bfloat16* qkv = static_cast<const __nv_bfloat16*>(p.q) + size_t(b) * p.q_row;
+    const __nv_bfloat16* cs = nullptr;
+    const __nv_bfloat16* sn = nullptr;
+    uint32_t newk[NP] = {}, newv[NP] = {};
+    if (fuse) {
+        const size_t pos = size_t(min(p.positions[b], uint32_t(p.max_pos - 1)));
+        cs = static_cast<const __nv_bfloat16*>(p.cos) + pos * HALF;
+        sn = static_cast<const __nv_bfloat16*>(p.sin) + pos * HALF;
+        griddep_wait();  // q|k|v comes from the previous kernel
+        if (new_here) {
+            const __nv_bfloat16* kr = qkv + size_t(p.q_heads + kvh) * D;
+            const __nv_bfloat16* vr = qkv + size_t(p.q_heads + p.kv_heads + kvh) * D;
+            const size_t at = (row0 + size_t(len_old) * p.kv_heads) * D;
+#pragma unroll
+            for (int r = 0; r < NP; ++r) {
+                const int i = lane + 32 * r;
+                if (i < HALF) {
+                    const __nv_bfloat16 k1 = kr[i], k2 = kr[i + HALF], c = cs[i], s = sn[i];
+                    const __nv_bfloat16 y1 = __hsub_rn(__hmul_rn(k1, c), __hmul_rn(k2, s));
+                    const __nv_bfloat16 y2 = __hadd_rn(__hmul_rn(k1, s), __hmul_rn(k2, c));
+                    const __nv_bfloat16 v1 = vr[i], v2 = vr[i + HALF];
+                    newk[r] = uint32_t(__bfloat16_as_ushort(y1)) | (uint32_t(__bfloat16_as_ushort(y2)) << 16);
+                    newv[r] = uint32_t(__bfloat16_as_ushort(v1)) | (uint32_t(__bfloat16_as_ushort(v2)) << 16);
+                    if (hc == 0) {
+                        __nv_bfloat16* kc = static_cast<__nv_bfloat16*>(const_cast<void*>(p.k)) + at;
+                        __nv_bfloat16* vc = static_cast<__nv_bfloat16*>(const_cast<void*>(p.v)) + at;
+                        kc[i] = y1;
+                        kc[i + HALF] = y2;
+                        vc[i] = v1;
+                        vc[i + HALF] = v2;
+                    }
+                }
+            }
+        }
     }
 
     // Queries of this CTA's heads (zeros past the group), rotated like K for UltraQuant.
@@ -101,8 +155,16 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         const int j = idx / D, d = idx - j * D;
         float x = 0.f;
         if (head0 + j < p.group) {
-            const size_t qh = size_t(kvh) * p.group + head0 + j;
-            x = __bfloat162float(static_cast<const __nv_bfloat16*>(p.q)[(size_t(b) * p.q_heads + qh) * D + d]);
+            const __nv_bfloat16* row = qkv + (size_t(kvh) * p.group + head0 + j) * D;
+            if (fuse) {
+                // rope.cu's arithmetic, bit for bit
+                const int i = d < HALF ? d : d - HALF;
+                const __nv_bfloat16 x1 = row[i], x2 = row[i + HALF], c = cs[i], s = sn[i];
+                x = __bfloat162float(d < HALF ? __hsub_rn(__hmul_rn(x1, c), __hmul_rn(x2, s))
+                                              : __hadd_rn(__hmul_rn(x1, s), __hmul_rn(x2, c)));
+            } else {
+                x = __bfloat162float(row[d]);
+            }
         }
         qs[idx] = x;
     }
@@ -174,8 +236,26 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         cp_async_commit();
         cp_async_wait<C::NSTAGE - 1>();
         __syncwarp();
-        const uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
+        uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
         const int tb0 = t0 + TT * (warp + it * C::NW);
+        if constexpr (!FP4) {
+            if (new_here && it == new_it) {  // the new token's row (zero-filled by the copy)
+                uint8_t* row = buf + (len_old - tb0) * RS;
+#pragma unroll
+                for (int r = 0; r < NP; ++r) {
+                    const int i = lane + 32 * r;
+                    if (i < HALF) {
+                        uint16_t* kr = reinterpret_cast<uint16_t*>(row);
+                        uint16_t* vr = reinterpret_cast<uint16_t*>(row + 2 * D);
+                        kr[i] = uint16_t(newk[r]);
+                        kr[i + HALF] = uint16_t(newk[r] >> 16);
+                        vr[i] = uint16_t(newv[r]);
+                        vr[i + HALF] = uint16_t(newv[r] >> 16);
+                    }
+                }
+                __syncwarp();
+            }
+        }
         const bool full = tb0 + TT <= t1;  // warp-uniform: no token of the stage is masked
         const uint8_t* bg = buf + off_g;  // rows g (+ 8, + 16, + 24)
         const uint8_t* ba = buf + off_a;  // rows 2t (+ 8, + 16, + 24)
@@ -443,6 +523,9 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
     const float* ml = p.part_ml + 2 * base;
     if (p.splits > CFP4_KV_MAX_SPLITS) __trap();
     griddep_wait();  // the partials come from the attention kernel
+    // The fused rope + append's attention read the lengths before its token: advance them,
+    // now that every CTA of it has finished.
+    if (p.lens != nullptr && qh == 0 && threadIdx.x == 0) p.lens[b] += 1u;
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         float mm = neg_inf();

@@ -68,8 +68,20 @@ struct KvAttnParams {
     int late_wait;           // offset 104: 1 = this launch reads nothing the launch before it
                              //   writes (the exact window's ring after the UltraQuant launch):
                              //   no griddep_wait at the start, one before exiting
-    int _pad;                // offset 108
-};                           // size 112
+    int q_row;               // offset 108: elements from one sequence's q to the next
+    // Rope + append fused (BF16 cache, no window; null positions: none): q is the decode
+    // step's raw q|k|v projection, bf16 [batch][q_row] with q_row = (q_heads + 2 kv_heads) *
+    // head_dim (q heads, then k heads, then v heads). Each sequence's q and k heads are rotated
+    // for positions[b] as rope.cu does (bit for bit), the rotated k and the v of its KV heads are
+    // stored at row lens[b] of the cache (when lens[b] < capacity), and the attention covers
+    // min(lens[b] + 1, capacity) tokens. lens is not written: the combine (or the lengths
+    // kernel) advances it after every CTA has read it.
+    const uint32_t* positions;  // offset 112: [batch]
+    const void* cos;         // offset 120: bf16 [max_pos][head_dim / 2]
+    const void* sin;         // offset 128: bf16, same shape
+    int max_pos;             // offset 136: rows of cos / sin (a position past them reads the last)
+    int _pad;                // offset 140
+};                           // size 144
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
 // w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).
@@ -81,7 +93,9 @@ struct KvCombineParams {
     int splits;              // offset 28
     int head_dim;            // offset 32
     int _pad;                // offset 36
-};                           // size 40
+    uint32_t* lens;          // offset 40: [batch] lengths advanced by one after the merge (the
+                             //   fused rope + append's attention); null: none
+};                           // size 48
 
 // In-place update of the per-sequence lengths (a decode step allocates nothing):
 // lens[seq_base + i] = (add ? lens[seq_base + i] : 0) + value, i < n_seq. One thread each.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Thirteenth session's device runs: $@ = steps (proto | sass | check | kernel | bench | tune | bench-tuned | trace1)
+# CHECK="a b": the test binaries of `check` (default: the thirteenth session's list). trace8b: the 8B step.
 # proto: every .carry/pgemv_bench_* harness (the bulk-copy GEMV against the register
 # pipeline, same run); peers: ../shared/peers' W4A16 timings (same call as our bench).
 # Carry: .carry (binaries, xz-compressed or not). Logs under $OUT; summary lines here.
@@ -27,6 +28,9 @@ for step in ${@}; do case "$step" in
 trace1)
     trace "smollm2 nvfp4 b1 ctx512 kvbf16 graph" smollm2
     ;;
+trace8b)
+    trace "8b nvfp4 b1 ctx512 kvbf16 graph" 8b
+    ;;
 proto)
     for b in .carry/pgemv_bench_*; do
         case "$b" in *.xz) continue ;; esac
@@ -46,7 +50,7 @@ sass)
     done
     ;;
 check)
-    for b in gpu_norm_gemv gpu_gemv_packed gpu_gemv gpu_norm_greedy gpu_rope gpu_decode_graph gpu_llama_tiny; do
+    for b in ${CHECK:-gpu_norm_gemv gpu_gemv_packed gpu_gemv gpu_norm_greedy gpu_rope gpu_decode_graph gpu_llama_tiny}; do
         [ -e ".carry/$b" ] && t $b 150
     done
     ;;

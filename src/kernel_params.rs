@@ -88,6 +88,11 @@ pub(crate) struct KvAttnParams {
     pub split_base: i32,
     pub part_splits: i32,
     pub late_wait: i32,
+    pub q_row: i32,
+    pub positions: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub max_pos: i32,
     pub pad: i32,
 }
 
@@ -102,6 +107,7 @@ pub(crate) struct KvCombineParams {
     pub splits: i32,
     pub head_dim: i32,
     pub pad: i32,
+    pub lens: u64,
 }
 
 /// `KvLensParams` of `kernels/ultraquant.cuh` (in-place update of the cache lengths).
@@ -430,8 +436,13 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, split_base), 96);
         assert_eq!(offset_of!(KvAttnParams, part_splits), 100);
         assert_eq!(offset_of!(KvAttnParams, late_wait), 104);
-        assert_eq!(offset_of!(KvAttnParams, pad), 108);
-        assert_eq!(size_of::<KvAttnParams>(), 112);
+        assert_eq!(offset_of!(KvAttnParams, q_row), 108);
+        assert_eq!(offset_of!(KvAttnParams, positions), 112);
+        assert_eq!(offset_of!(KvAttnParams, cos), 120);
+        assert_eq!(offset_of!(KvAttnParams, sin), 128);
+        assert_eq!(offset_of!(KvAttnParams, max_pos), 136);
+        assert_eq!(offset_of!(KvAttnParams, pad), 140);
+        assert_eq!(size_of::<KvAttnParams>(), 144);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);
         assert_eq!(offset_of!(KvCombineParams, part_ml), 8);
@@ -439,7 +450,8 @@ mod tests {
         assert_eq!(offset_of!(KvCombineParams, q_heads), 24);
         assert_eq!(offset_of!(KvCombineParams, splits), 28);
         assert_eq!(offset_of!(KvCombineParams, head_dim), 32);
-        assert_eq!(size_of::<KvCombineParams>(), 40);
+        assert_eq!(offset_of!(KvCombineParams, lens), 40);
+        assert_eq!(size_of::<KvCombineParams>(), 48);
     }
 
     /// kernels/ultraquant.cuh must state the same offsets.
@@ -458,8 +470,14 @@ mod tests {
             "uint32_t* counters;      // offset 88",
             "int part_splits;         // offset 100",
             "int late_wait;           // offset 104",
-            "int _pad;                // offset 108",
-            "};                           // size 112",
+            "int q_row;               // offset 108",
+            "const uint32_t* positions;  // offset 112",
+            "const void* sin;         // offset 128",
+            "int max_pos;             // offset 136",
+            "int _pad;                // offset 140",
+            "};                           // size 144",
+            "uint32_t* lens;          // offset 40",
+            "};                           // size 48",
             "int head_dim;            // offset 32",
         ] {
             assert!(

@@ -214,6 +214,9 @@ impl CustomOp3 for KvAttention {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         const OP: &str = "decode attention";
+        if self.rope.is_some() {
+            bail!("{OP}: the rope and append inside the attention run on CUDA only")
+        }
         let q = cpu_bf16(OP, "q", s1, l1)?;
         let lens = cpu_lens(OP, s3, l3)?;
         let ring_guard;
@@ -256,6 +259,6 @@ impl CustomOp3 for KvAttention {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let plan = plan_of("decode attention (cuda)", &self.plan)?;
-        super::cuda::kv_attention_cuda(plan, self, s1, l1, s2, l2, s3, l3)
+        super::attention_cuda::kv_attention_cuda(plan, self, s1, l1, s2, l2, s3, l3)
     }
 }

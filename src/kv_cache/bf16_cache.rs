@@ -178,6 +178,66 @@ impl Bf16Cache {
         Ok(out)
     }
 
+    /// The decode step after the q|k|v projection in one attention launch (CUDA): `qkv`
+    /// BF16 `[batch, (q_heads + 2 · kv_heads) · head_dim]` at `positions` U32 `[batch]` →
+    /// BF16 `[batch, q_heads, head_dim]`. The attention kernel rotates q and k as `rope` does
+    /// (bit for bit), stores the new k and v at the lengths on the device and attends over
+    /// them; its combine advances the lengths. The same output, cache contents and lengths
+    /// as [`append_decode_rope`](Self::append_decode_rope) followed by
+    /// [`decode_attention_with`](Self::decode_attention_with) on its q heads (or
+    /// [`decode_attention_capacity_with`](Self::decode_attention_capacity_with) when
+    /// `capacity_splits`), one kernel less. Errors, writing nothing, when a sequence is full.
+    pub fn decode_rope_attention(
+        &mut self,
+        rope: &QkvRope,
+        qkv: &Tensor,
+        positions: &Tensor,
+        opts: &DecodeOptions,
+        capacity_splits: bool,
+    ) -> Result<Tensor> {
+        const WHAT: &str = "Bf16Cache::decode_rope_attention";
+        let sh = self.shape;
+        let (q_heads, kv_heads, d) = rope.dims();
+        if kv_heads != sh.kv_heads || d != sh.head_dim || q_heads % kv_heads != 0 {
+            bail!(
+                "{WHAT}: the rope's {q_heads} q / {kv_heads} kv heads of {d} do not fit the cache's {} kv heads of {}",
+                sh.kv_heads,
+                sh.head_dim
+            )
+        }
+        let b = rope.check(qkv, positions)?;
+        if b != sh.batch {
+            bail!(
+                "{WHAT}: qkv holds {b} rows, the cache {} sequences",
+                sh.batch
+            )
+        }
+        check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
+        let rope_append = rope_append(WHAT, rope, positions, &mut self.lens)?;
+        let max_len = if capacity_splits {
+            sh.capacity
+        } else {
+            self.lens.host.iter().copied().max().unwrap_or(0) + 1
+        };
+        let op = KvAttention {
+            kind: KvCacheKind::Bf16,
+            shape: sh,
+            q_heads,
+            max_len,
+            opts: *opts,
+            window: None,
+            rope: Some(rope_append),
+            plan: self.plan.clone(),
+        };
+        let out = qkv
+            .contiguous()?
+            .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)?;
+        for n in &mut self.lens.host {
+            *n += 1;
+        }
+        Ok(out)
+    }
+
     /// Sets the host copy of the lengths, leaving the device's as they are: after recording a
     /// CUDA graph that appends (recording runs no kernel, but the host copy advanced) and
     /// after each replay (a replay runs no host code, but the device lengths advanced).
@@ -258,9 +318,42 @@ impl Bf16Cache {
             max_len,
             opts: *opts,
             window: None,
+            rope: None,
             plan: self.plan.clone(),
         };
         q.contiguous()?
             .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)
     }
+}
+
+/// What the fused decode attention needs of `rope` (CUDA tables) and the lengths (whether
+/// it may launch with PDL).
+#[cfg(feature = "cuda")]
+fn rope_append(
+    what: &str,
+    rope: &QkvRope,
+    positions: &Tensor,
+    lens: &mut Lengths,
+) -> Result<super::ops::RopeAppend> {
+    let Some((cos, sin, max_pos)) = rope.cuda_tables() else {
+        bail!("{what}: the rope's tables are not on a GPU")
+    };
+    Ok(super::ops::RopeAppend {
+        positions: positions.clone(),
+        cos,
+        sin,
+        max_pos,
+        pdl: !lens.take_written(),
+    })
+}
+
+/// Without CUDA there is no fused decode attention.
+#[cfg(not(feature = "cuda"))]
+fn rope_append(
+    what: &str,
+    _rope: &QkvRope,
+    _positions: &Tensor,
+    _lens: &mut Lengths,
+) -> Result<super::ops::RopeAppend> {
+    bail!("{what}: runs on CUDA only (built without the cuda feature)")
 }

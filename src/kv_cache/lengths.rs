@@ -10,6 +10,10 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 pub(crate) struct Lengths {
     pub host: Vec<usize>,
     pub dev: Tensor,
+    /// A host call wrote the device lengths (and with them, the cache's rows) since the
+    /// last [`take_written`](Self::take_written): the next fused decode attention must not
+    /// read them before the previous kernel has finished (no PDL).
+    written: bool,
 }
 
 impl Clone for Lengths {
@@ -18,6 +22,7 @@ impl Clone for Lengths {
         Self {
             host: self.host.clone(),
             dev: self.dev.copy().unwrap_or_else(|_| self.dev.clone()),
+            written: true,
         }
     }
 }
@@ -27,7 +32,15 @@ impl Lengths {
         Ok(Self {
             host: vec![0; batch],
             dev: Tensor::zeros(batch, DType::U32, device)?,
+            written: true,
         })
+    }
+
+    /// Whether a host call wrote the device lengths since the last call of this (see
+    /// `written`); clears it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn take_written(&mut self) -> bool {
+        std::mem::replace(&mut self.written, false)
     }
 
     fn update(
@@ -46,6 +59,7 @@ impl Lengths {
             plan: plan.clone(),
         };
         self.dev.inplace_op1(&op)?;
+        self.written = true;
         for n in &mut self.host[seq_base..seq_base + n_seq] {
             *n = if add { *n + value } else { value };
         }
@@ -86,6 +100,7 @@ impl Lengths {
         Ok(Self {
             host: self.host.clone(),
             dev: self.dev.copy()?,
+            written: true,
         })
     }
 

@@ -50,6 +50,8 @@
 //! prefill reads the cached prefix back with [`KvCache::read_bf16`] (dequantized, K
 //! un-rotated) and attends over `[prefix; chunk]`.
 
+#[cfg(feature = "cuda")]
+mod attention_cuda;
 mod backends;
 mod bf16_cache;
 mod cpu;
@@ -145,6 +147,31 @@ impl KvCache {
             Self::Bf16(c) if c.kv.device().is_cuda() => c.append_decode_rope(rope, qkv, positions),
             _ => candle_core::bail!(
                 "KvCache::append_decode_rope: a BF16 cache on CUDA only (this is {:?} on {:?})",
+                self.kind(),
+                match self {
+                    Self::Bf16(c) => c.device().location(),
+                    Self::UltraQuant(c) => c.device().location(),
+                }
+            ),
+        }
+    }
+
+    /// [`Bf16Cache::decode_rope_attention`]; an error where
+    /// [`fuses_rope_append`](Self::fuses_rope_append) is false.
+    pub fn decode_rope_attention(
+        &mut self,
+        rope: &crate::rope::QkvRope,
+        qkv: &Tensor,
+        positions: &Tensor,
+        opts: &DecodeOptions,
+        capacity_splits: bool,
+    ) -> Result<Tensor> {
+        match self {
+            Self::Bf16(c) if c.kv.device().is_cuda() => {
+                c.decode_rope_attention(rope, qkv, positions, opts, capacity_splits)
+            }
+            _ => candle_core::bail!(
+                "KvCache::decode_rope_attention: a BF16 cache on CUDA only (this is {:?} on {:?})",
                 self.kind(),
                 match self {
                     Self::Bf16(c) => c.device().location(),

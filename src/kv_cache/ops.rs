@@ -93,8 +93,31 @@ pub(crate) struct KvAttention {
     pub opts: DecodeOptions,
     /// UltraQuant only: the last `size` tokens of each sequence read exact from `ring`.
     pub window: Option<ExactWindow>,
+    /// BF16 cache on CUDA only: the decode step's rope and KV append done by the attention
+    /// kernel itself (`q` is then the raw q|k|v projection).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub rope: Option<RopeAppend>,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub plan: PlanRef,
+}
+
+/// The rope and KV append inside the BF16 decode attention (`KvAttnParams` in
+/// `kernels/ultraquant.cuh`): `q` is the raw q|k|v projection BF16 `[batch, (q_heads + 2 ·
+/// kv_heads) · head_dim]`, the device lengths are those before the new token, and the
+/// combine kernel (or the lengths kernel) advances them after the attention.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct RopeAppend {
+    /// U32 `[batch]`: each sequence's rope position.
+    pub positions: Tensor,
+    /// Device pointers of the rope's BF16 tables `[max_pos, head_dim / 2]` (held by its
+    /// [`QkvRope`](crate::rope::QkvRope), which outlives the call).
+    pub cos: u64,
+    pub sin: u64,
+    pub max_pos: usize,
+    /// Launch with PDL: no host call wrote the cache's lengths or rows since the last
+    /// fused step, so the kernel may read them before waiting for the previous kernel.
+    pub pdl: bool,
 }
 
 /// In-place decode append (`dst.inplace_op3(k, v, op)`): one token per sequence, BF16 `k`,

@@ -40,7 +40,7 @@ pub struct CacheShape {
 /// 3–5 µs faster with ~8k tokens per split (batch 4 × 32k, batch 8 × 16k; 8,160–8,176
 /// tokens); before is 1–2.5 µs faster at batch 4–8 with up to 2k tokens per split; ~4k per
 /// split (batch 8 × 8k) is a tie. The threshold sits between the tie and the gain.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/cuda.rs and the tests
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn ring_first_default(
     fp4_ctas: usize,
     ring_ctas: usize,
@@ -120,6 +120,10 @@ pub struct DecodeOptions {
     /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
     /// exiting); `None` = the measured default.
     pub ring_first: Option<bool>,
+    /// BF16 cache: the decode step's rope and KV append inside the attention kernel
+    /// ([`Bf16Cache::decode_rope_attention`](super::Bf16Cache::decode_rope_attention))
+    /// rather than in the rope kernel before it; `None` = the measured default.
+    pub rope_in_attention: Option<bool>,
 }
 
 /// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before

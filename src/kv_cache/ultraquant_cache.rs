@@ -340,6 +340,7 @@ impl UltraQuantCache {
             max_len,
             opts: *opts,
             window: self.window.clone(),
+            rope: None,
             plan: self.plan.clone(),
         };
         q.contiguous()?

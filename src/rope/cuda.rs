@@ -28,6 +28,13 @@ pub(super) struct RopePlan {
     _tables: (Tensor, Tensor),
 }
 
+impl RopePlan {
+    /// The tables' device pointers (cos, sin) and rows.
+    pub(super) fn tables(&self) -> (u64, u64, usize) {
+        (self.cos_ptr, self.sin_ptr, self.max_pos)
+    }
+}
+
 /// Resolves the kernel on `dev` and the tables' pointers (a lock: at model load).
 pub(super) fn plan(dev: &CudaDevice, cos: &Tensor, sin: &Tensor, d: usize) -> Result<RopePlan> {
     const OP: &str = "QkvRope (cuda)";

@@ -144,8 +144,24 @@ impl QkvRope {
         }
     }
 
+    /// `(q_heads, kv_heads, head_dim)`.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.q_heads, self.kv_heads, self.head_dim)
+    }
+
+    /// On CUDA, the tables' device pointers (cos, sin) and rows, for kernels that rotate
+    /// inside (the BF16 cache's decode attention); `None` on the CPU. They stay valid while
+    /// this op (or a clone) lives.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_tables(&self) -> Option<(u64, u64, usize)> {
+        match &self.tables {
+            Tables::Cuda(p) => Some(p.tables()),
+            Tables::Cpu(_) => None,
+        }
+    }
+
     /// Checks `qkv` `[b, heads·d]` BF16 against `positions` U32 `[b]`; returns `b`.
-    fn check(&self, qkv: &Tensor, positions: &Tensor) -> Result<usize> {
+    pub(crate) fn check(&self, qkv: &Tensor, positions: &Tensor) -> Result<usize> {
         let heads = self.q_heads + 2 * self.kv_heads;
         let b = match qkv.dims() {
             [b, w] if *w == heads * self.head_dim && qkv.dtype() == DType::BF16 => *b,

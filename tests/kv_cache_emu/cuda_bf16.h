@@ -15,3 +15,8 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 inline float __bfloat162float(__nv_bfloat16 b) { uint32_t u = uint32_t(b.x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+// bf16 arithmetic rounded once (the operands are bf16, so a product is exact in float; the
+// sums the emulated kernels form are of identity-table products, also exact).
+inline __nv_bfloat16 __hmul_rn(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16_rn(__bfloat162float(a) * __bfloat162float(b)); }
+inline __nv_bfloat16 __hadd_rn(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b)); }
+inline __nv_bfloat16 __hsub_rn(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16_rn(__bfloat162float(a) - __bfloat162float(b)); }

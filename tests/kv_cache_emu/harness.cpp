@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
                 size_t half = kvb.size() / 2;
                 KvAttnParams ap{q.data(), fp4 ? (const void*)cache.data() : (const void*)kvb.data(), fp4 ? nullptr : (const void*)(kvb.data() + half),
                                 lens.data(), out.data(), po.data(), pm.data(), 1.4426950408889634f / std::sqrt(float(d)), qh, kh, g, cap, splits, d,
-                                /*win*/ 0, fused ? ctr.data() : nullptr, /*split_base*/ 0, /*part_splits*/ splits, /*late_wait*/ 0, 0};
+                                /*win*/ 0, fused ? ctr.data() : nullptr, /*split_base*/ 0, /*part_splits*/ splits, /*late_wait*/ 0,
+                                /*q_row*/ qh * d};
                 emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, ap);
                 if (splits > 1 && !fused) {
                     KvCombineParams cp{po.data(), pm.data(), out.data(), qh, splits, d, 0};
@@ -111,6 +112,46 @@ int main(int argc, char** argv) {
                 }
                 char what[64]; snprintf(what, 64, "%s attention splits=%d%s", fp4 ? "uq" : "bf16", splits, fused ? " fused" : "");
                 compare_out(what, out, want);
+                if (!fp4) {
+                    // Rope + append inside the attention, with identity tables (cos 1, sin 0: the
+                    // rotation returns its input): q|k|v rows built from q and each sequence's
+                    // last K/V row, that row poisoned in the cache and the lengths one shorter.
+                    // Must give the bits above, restore the rows, and (combine) the lengths.
+                    const int row = (qh + 2 * kh) * d;
+                    std::vector<uint16_t> qkv(size_t(batch) * row), kv2 = kvb, out2(out.size(), 0xFFFF);
+                    std::vector<uint32_t> lb(lens.begin(), lens.begin() + batch);
+                    for (int b = 0; b < batch; ++b) {
+                        const size_t last = size_t(lens[b]) - 1;
+                        lb[b] = uint32_t(last);
+                        std::memcpy(&qkv[size_t(b) * row], &q[size_t(b) * qh * d], size_t(qh) * d * 2);
+                        for (int h = 0; h < kh; ++h) for (int i = 0; i < d; ++i) {
+                            const size_t at = ((size_t(b) * cap + last) * kh + h) * d + i;
+                            qkv[size_t(b) * row + size_t(qh + h) * d + i] = kvb[at];
+                            qkv[size_t(b) * row + size_t(qh + kh + h) * d + i] = kvb[half + at];
+                            kv2[at] = kv2[half + at] = 0xFFFF;
+                        }
+                    }
+                    std::vector<uint16_t> cs(d / 2, 0x3f80), sn(d / 2, 0);
+                    std::vector<uint32_t> pos(batch, 0);
+                    std::vector<uint32_t> ctr2(ctr.size(), 0);
+                    KvAttnParams fp = ap;
+                    fp.q = qkv.data(); fp.k = kv2.data(); fp.v = kv2.data() + half; fp.lens = lb.data(); fp.out = out2.data();
+                    fp.counters = fused ? ctr2.data() : nullptr; fp.q_row = row;
+                    fp.positions = pos.data(); fp.cos = cs.data(); fp.sin = sn.data(); fp.max_pos = 1;
+                    emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, fp);
+                    const bool combined = splits > 1 && !fused;
+                    if (combined) {
+                        KvCombineParams cp{po.data(), pm.data(), out2.data(), qh, splits, d, 0, lb.data()};
+                        emu_launch(cfp4_kv_combine, dim3{unsigned(qh), unsigned(batch), 1}, 128, 0, cp);
+                    }
+                    size_t dout = 0, dkv = 0, dl = 0;
+                    for (size_t i = 0; i < out.size(); ++i) dout += out2[i] != out[i];
+                    for (size_t i = 0; i < kvb.size(); ++i) dkv += kv2[i] != kvb[i];
+                    for (int b = 0; b < batch; ++b) dl += lb[b] != lens[b] - (combined ? 0u : 1u);
+                    printf("  %-28s %zu output, %zu cache, %zu length differences%s\n", "  + rope/append inside", dout, dkv, dl,
+                           dout + dkv + dl ? "  <-- FAIL" : "");
+                    if (dout + dkv + dl) failures++;
+                }
             }
         }
     }
