@@ -14,10 +14,9 @@
 // one rounding.) A position past the tables reads the last row (the caller checks
 // positions against the cache capacity the tables cover).
 //
-// With a cache (kv non-null) the kernel is also the decode step's KV append: the rotated k
-// and the v heads are written into the BF16 cache at each sequence's device length, and the
-// lengths advance by one (what took an append kernel and a lengths kernel); the layout of
-// that cache is in rope.cuh.
+// The decode step over a BF16 cache does not run this kernel: its attention rotates q and k
+// itself (kv_attention.cu). This one serves the UltraQuant cache's step (whose append
+// quantizes) and any caller of QkvRope::forward.
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "rope.cuh"
@@ -26,9 +25,7 @@
 constexpr int ROPE_THREADS = 1024;
 
 // Grid (q CTAs + 1, batch): CTA x < gridDim.x − 1 of row b rotates ROPE_THREADS (q head, i < d/2)
-// pairs; the row's last CTA loops over its k and v heads (rotating k, copying v) and, with
-// a cache, stores them at the row's length and advances it, so no other CTA reads that
-// length (no atomics).
+// pairs; the row's last CTA loops over its k and v heads (rotating k, copying v).
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS) cfp4_qkv_rope(const __grid_constant__ QkvRopeParams p) {
     const int half = p.d / 2;
     const int kv_heads = p.heads - p.rot_heads;
@@ -61,28 +58,8 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) cfp4_qkv_rope(const _
         }
         return;
     }
-    uint32_t len = 0;
-    bool store = false;
-    if (p.kv) {
-        len = p.lens[b];
-        store = len < uint32_t(p.limit);
-    }
-    const size_t plane = size_t(p.batch) * p.rows * kv_heads * p.d;
-    const size_t row = size_t(len % uint32_t(p.rows));
     for (int item = threadIdx.x; item < 2 * kv_heads * half; item += ROPE_THREADS) {
-        const int h = q_heads + item / half, i = item % half;
         __nv_bfloat16 y1, y2;
-        one(h, i, y1, y2);
-        if (store) {
-            const int z = h < p.rot_heads ? 0 : 1;  // K or V
-            const int kh = z == 0 ? h - q_heads : h - p.rot_heads;
-            __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.kv) + z * plane +
-                                 ((size_t(b) * p.rows + row) * kv_heads + kh) * p.d;
-            dst[i] = y1;
-            dst[i + half] = y2;
-        }
+        one(q_heads + item / half, item % half, y1, y2);
     }
-    if (!p.kv) return;
-    __syncthreads();  // every thread of the CTA has read the length
-    if (threadIdx.x == 0) p.lens[b] = len + 1;
 }

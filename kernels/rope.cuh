@@ -17,11 +17,4 @@ struct QkvRopeParams {
     int d;                        // offset 52: head_dim, even
     int max_pos;                  // offset 56: rows of cos / sin
     int _pad;                     // offset 60
-    // The decode append (null kv: none): the k and v heads' outputs also go into a BF16
-    // cache kv [2][batch][rows][kv_heads][d] (K, then V) at row lens[b] % rows of each
-    // sequence (skipped when lens[b] >= limit), and every lens[b] advances by one.
-    void* kv;                     // offset 64
-    uint32_t* lens;               // offset 72: [batch]
-    int rows;                     // offset 80: rows per sequence
-    int limit;                    // offset 84: a sequence at this length is not written
-};                                // size 88
+};                                // size 64

@@ -211,10 +211,6 @@ pub(crate) struct QkvRopeParams {
     pub d: i32,
     pub max_pos: i32,
     pub pad: i32,
-    pub kv: u64,
-    pub lens: u64,
-    pub rows: i32,
-    pub limit: i32,
 }
 
 /// `AddRmsNormParams` of `kernels/rmsnorm.cuh` (residual add + RMSNorm).
@@ -295,11 +291,8 @@ mod tests {
         assert_eq!(offset_of!(QkvRopeParams, heads), 48);
         assert_eq!(offset_of!(QkvRopeParams, d), 52);
         assert_eq!(offset_of!(QkvRopeParams, max_pos), 56);
-        assert_eq!(offset_of!(QkvRopeParams, kv), 64);
-        assert_eq!(offset_of!(QkvRopeParams, lens), 72);
-        assert_eq!(offset_of!(QkvRopeParams, rows), 80);
-        assert_eq!(offset_of!(QkvRopeParams, limit), 84);
-        assert_eq!(size_of::<QkvRopeParams>(), 88);
+        assert_eq!(offset_of!(QkvRopeParams, pad), 60);
+        assert_eq!(size_of::<QkvRopeParams>(), 64);
     }
 
     /// Offsets written in kernels/gemv_packed.cuh's comments.

@@ -1,9 +1,10 @@
 //! The decode step's rope, KV append and attention in one kernel
-//! (`Bf16Cache::decode_rope_attention`) against the rope + append kernel followed by the
-//! attention (`append_decode_rope`, then `decode_attention_with` on the q heads), on the GPU
-//! (feature `cuda`, needs an NVIDIA GPU). Both give the attention kernel the same BF16 q and
-//! k (the fused kernel rotates with the rope kernel's arithmetic), the same tiles and splits,
-//! so the same FP32 sums: outputs, cache rows and lengths must agree bit for bit, and any
+//! (`Bf16Cache::decode_rope_attention`) against the same steps one op each (the rope kernel,
+//! the cache's `append_decode` of its k and v heads, then `decode_attention_with` on its q
+//! heads), on the GPU (feature `cuda`, needs an NVIDIA GPU). Both give the attention kernel
+//! the same BF16 q and k (the fused kernel rotates with the rope kernel's arithmetic, which
+//! `tests/gpu_rope.rs` checks against the CPU bit for bit), the same tiles and splits, so
+//! the same FP32 sums: outputs, cache rows and lengths must agree bit for bit, and any
 //! difference is a bug, not rounding.
 #![cfg(feature = "cuda")]
 
@@ -83,7 +84,10 @@ fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
                     .collect();
                 let pos = Tensor::new(pos.as_slice(), &gpu)?;
                 let got = a.decode_rope_attention(&rope, &qkv, &pos, o, *capacity_splits)?;
-                let r = b.append_decode_rope(&rope, &qkv, &pos)?;
+                let r = rope.forward(&qkv, &pos)?;
+                let k = r.narrow(1, nq, nkv)?.contiguous()?;
+                let v = r.narrow(1, nq + nkv, nkv)?.contiguous()?;
+                b.append_decode(&k, &v)?;
                 let q = r.narrow(1, 0, nq)?.contiguous()?;
                 let want = if *capacity_splits {
                     b.decode_attention_capacity_with(&q, o)?

@@ -51,9 +51,6 @@ struct Case {
     graph: bool,
     /// GEMVs launched with PDL ([`LoadOptions::gemv_pdl`]).
     pdl: bool,
-    /// BF16 cache: the rope and KV append in their own kernel before the attention
-    /// (`DecodeOptions::rope_in_attention = Some(false)`), the comparison row of the default.
-    rope_kernel: bool,
 }
 
 struct Row {
@@ -82,10 +79,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         batch: c.batch,
         cuda_graph: c.graph,
         gemv_pdl: c.pdl,
-        decode_attention: candle_fp4::kv_cache::DecodeOptions {
-            rope_in_attention: c.rope_kernel.then_some(false),
-            ..Default::default()
-        },
         ..LoadOptions::default()
     };
     let spec = RandomSpec {
@@ -232,22 +225,7 @@ fn cases() -> Vec<Case> {
             batch,
             graph,
             pdl,
-            rope_kernel: false,
         });
-    };
-    // The default's comparison row: the rope kernel before the attention.
-    let rope_kernel = |v: &mut Vec<Case>, model: &str, cfg| {
-        v.push(Case {
-            name: format!("{model} b1 ctx512 kvbf16 graph rope-kernel"),
-            cfg,
-            nvfp4: true,
-            kv: KvCacheKind::Bf16,
-            ctx: 512,
-            batch: 1,
-            graph: true,
-            pdl: true,
-            rope_kernel: true,
-        })
     };
 
     use KvCacheKind::{Bf16, UltraQuant};
@@ -273,8 +251,6 @@ fn cases() -> Vec<Case> {
     add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true, true);
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
     add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);
-    rope_kernel(&mut v, "smollm2 nvfp4", SMOLLM2);
-    rope_kernel(&mut v, "8b nvfp4", LLAMA_8B);
     v
 }
 

@@ -140,31 +140,19 @@ impl LayerCache {
         self.inner.fuses_rope_append()
     }
 
-    /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection: by default
-    /// the rope, the append and the attention in one kernel ([`KvCache::decode_rope_attention`]);
-    /// with `DecodeOptions::rope_in_attention = Some(false)` the rope and the append in one
-    /// kernel ([`KvCache::append_decode_rope`]), then the attention of the rotated q heads
-    /// (the first `q_heads` of each row).
+    /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection in one kernel:
+    /// the rope, the append and the attention ([`KvCache::decode_rope_attention`]; its
+    /// combine advances the lengths). BF16 cache on CUDA only
+    /// ([`fuses_rope_append`](Self::fuses_rope_append)).
     pub fn decode_batch_rope(
         &mut self,
         rope: &QkvRope,
         qkv: &Tensor,
         positions: &Tensor,
-        q_heads: usize,
         for_graph: bool,
     ) -> Result<Tensor> {
-        if self.decode_opts.rope_in_attention.unwrap_or(true) {
-            // One kernel: rope, append and attention (its combine advances the lengths).
-            return self.inner.decode_rope_attention(
-                rope,
-                qkv,
-                positions,
-                &self.decode_opts,
-                for_graph,
-            );
-        }
-        let r = self.inner.append_decode_rope(rope, qkv, positions)?;
-        self.attend(&r.narrow(1, 0, q_heads)?, for_graph)
+        self.inner
+            .decode_rope_attention(rope, qkv, positions, &self.decode_opts, for_graph)
     }
 
     /// The cache's storage.

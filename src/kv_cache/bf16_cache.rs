@@ -6,7 +6,7 @@ use super::ops::{make_plan, KvAppend, KvAttention, PlanRef};
 use super::shape::{
     check_decode_kv, check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind,
 };
-use crate::rope::{AppendTarget, QkvRope};
+use crate::rope::QkvRope;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// BF16 KV cache of one layer: K and V in one preallocated BF16 tensor
@@ -150,43 +150,18 @@ impl Bf16Cache {
         self.lens.advance(&self.plan, 0, sh.batch, 1)
     }
 
-    /// The decode step's rope and append in one kernel (CUDA): `qkv` BF16 `[batch, heads ·
-    /// head_dim]` (heads = q_heads, then 2 · kv_heads) at `positions` U32 `[batch]` → the
-    /// rotated heads `[batch, heads, head_dim]` ([`QkvRope::forward`]), the k and v heads
-    /// also stored at the lengths on the device and the lengths advanced: the same cache
-    /// contents and lengths as [`append_decode`](Self::append_decode) of the rope's k and v,
-    /// with two kernels less. Errors, writing nothing, when a sequence is full (by the host
-    /// lengths).
-    pub fn append_decode_rope(
-        &mut self,
-        rope: &QkvRope,
-        qkv: &Tensor,
-        positions: &Tensor,
-    ) -> Result<Tensor> {
-        const WHAT: &str = "Bf16Cache::append_decode_rope";
-        let sh = self.shape;
-        check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
-        let to = AppendTarget {
-            kv: &self.kv,
-            lens: &self.lens.dev,
-            limit: sh.capacity,
-        };
-        let out = rope.forward_append(qkv, positions, &to)?;
-        for n in &mut self.lens.host {
-            *n += 1;
-        }
-        Ok(out)
-    }
-
     /// The decode step after the q|k|v projection in one attention launch (CUDA): `qkv`
     /// BF16 `[batch, (q_heads + 2 · kv_heads) · head_dim]` at `positions` U32 `[batch]` →
     /// BF16 `[batch, q_heads, head_dim]`. The attention kernel rotates q and k as `rope` does
     /// (bit for bit), stores the new k and v at the lengths on the device and attends over
     /// them; its combine advances the lengths. The same output, cache contents and lengths
-    /// as [`append_decode_rope`](Self::append_decode_rope) followed by
-    /// [`decode_attention_with`](Self::decode_attention_with) on its q heads (or
+    /// as [`QkvRope::forward`], [`append_decode`](Self::append_decode) of its k and v heads
+    /// and [`decode_attention_with`](Self::decode_attention_with) on its q heads (or
     /// [`decode_attention_capacity_with`](Self::decode_attention_capacity_with) when
-    /// `capacity_splits`), one kernel less. Errors, writing nothing, when a sequence is full.
+    /// `capacity_splits`), bit for bit, in one kernel instead of four (measured on the H200
+    /// against the rope with the append inside, the kernel before this one:
+    /// docs/benchmarks.md, fourteenth session). Errors, writing nothing, when a sequence is
+    /// full.
     pub fn decode_rope_attention(
         &mut self,
         rope: &QkvRope,

@@ -126,33 +126,12 @@ impl KvCache {
         }
     }
 
-    /// Whether [`append_decode_rope`](Self::append_decode_rope) runs here: a BF16 cache on
-    /// a CUDA device (the UltraQuant append quantizes, a kernel of its own).
+    /// Whether [`decode_rope_attention`](Self::decode_rope_attention) runs here: a BF16
+    /// cache on a CUDA device (the UltraQuant append quantizes, a kernel of its own).
     pub fn fuses_rope_append(&self) -> bool {
         match self {
             Self::Bf16(c) => c.kv.device().is_cuda(),
             Self::UltraQuant(_) => false,
-        }
-    }
-
-    /// [`Bf16Cache::append_decode_rope`]; an error where
-    /// [`fuses_rope_append`](Self::fuses_rope_append) is false.
-    pub fn append_decode_rope(
-        &mut self,
-        rope: &crate::rope::QkvRope,
-        qkv: &Tensor,
-        positions: &Tensor,
-    ) -> Result<Tensor> {
-        match self {
-            Self::Bf16(c) if c.kv.device().is_cuda() => c.append_decode_rope(rope, qkv, positions),
-            _ => candle_core::bail!(
-                "KvCache::append_decode_rope: a BF16 cache on CUDA only (this is {:?} on {:?})",
-                self.kind(),
-                match self {
-                    Self::Bf16(c) => c.device().location(),
-                    Self::UltraQuant(c) => c.device().location(),
-                }
-            ),
         }
     }
 

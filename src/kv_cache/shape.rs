@@ -120,10 +120,6 @@ pub struct DecodeOptions {
     /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
     /// exiting); `None` = the measured default.
     pub ring_first: Option<bool>,
-    /// BF16 cache: the decode step's rope and KV append inside the attention kernel
-    /// ([`Bf16Cache::decode_rope_attention`](super::Bf16Cache::decode_rope_attention))
-    /// rather than in the rope kernel before it; `None` = the measured default.
-    pub rope_in_attention: Option<bool>,
 }
 
 /// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before

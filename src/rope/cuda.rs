@@ -1,7 +1,6 @@
 //! CUDA forward of [`QkvRope`](super::QkvRope) (`kernels/rope.cu`): the kernel resolved
 //! once when the op is made ([`plan`]), then launched without a lookup.
 
-use super::append::AppendTarget;
 use crate::cuda::{facts, launch, module, KernelFile, Launch};
 use crate::kernel_params::QkvRopeParams;
 use crate::layout::contiguous_range;
@@ -66,37 +65,6 @@ pub(super) fn plan(dev: &CudaDevice, cos: &Tensor, sin: &Tensor, d: usize) -> Re
     })
 }
 
-/// The device pointers of an [`AppendTarget`], resolved per call
-/// (the target's tensors outlive the launch: the caller holds them).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct AppendPtrs {
-    kv: u64,
-    lens: u64,
-    rows: i32,
-    limit: i32,
-}
-
-pub(super) fn append_ptrs(t: &AppendTarget<'_>) -> Result<AppendPtrs> {
-    const OP: &str = "QkvRope::forward_append (cuda)";
-    fn ptr<T: candle_core::cuda_backend::CudaDType>(t: &Tensor, what: &str) -> Result<u64> {
-        let (st, l) = t.storage_and_layout();
-        let Storage::Cuda(cs) = &*st else {
-            bail!("{OP}: the {what} is not on the GPU")
-        };
-        let (a, b) = contiguous_range(OP, what, l)?;
-        let sl = cs.as_cuda_slice::<T>()?.slice(a..b);
-        let stream = cs.device().cuda_stream();
-        let (p, _g) = sl.device_ptr(&stream);
-        Ok(p)
-    }
-    Ok(AppendPtrs {
-        kv: ptr::<bf16>(t.kv, "cache")?,
-        lens: ptr::<u32>(t.lens, "lengths")?,
-        rows: t.kv.dim(2)? as i32,
-        limit: t.limit as i32,
-    })
-}
-
 /// The call's dimensions.
 pub(super) struct Shape {
     pub batch: usize,
@@ -112,7 +80,6 @@ pub(super) fn forward(
     lx: &Layout,
     pos: &CudaStorage,
     lp: &Layout,
-    append: Option<AppendPtrs>,
 ) -> Result<CudaStorage> {
     const OP: &str = "QkvRope (cuda)";
     let (xa, xb) = contiguous_range(OP, "qkv", lx)?;
@@ -147,10 +114,6 @@ pub(super) fn forward(
             d: s.d as i32,
             max_pos: plan.max_pos as i32,
             pad: 0,
-            kv: append.map_or(0, |a| a.kv),
-            lens: append.map_or(0, |a| a.lens),
-            rows: append.map_or(1, |a| a.rows),
-            limit: append.map_or(0, |a| a.limit),
         };
         // The q heads' CTAs, then one CTA for the k and v heads, per row (rope.cu).
         let q_items = (s.rot_heads - (s.heads - s.rot_heads)) * (s.d / 2);

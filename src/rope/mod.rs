@@ -6,11 +6,8 @@
 //! (`kernels/rope.cu`, which keeps nvcc from fusing a product and a sum: candle's own CUDA
 //! rope may, so it can differ from this by one BF16 rounding).
 
-mod append;
 #[cfg(feature = "cuda")]
 mod cuda;
-
-pub use append::AppendTarget;
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use half::bf16;
@@ -98,52 +95,6 @@ impl QkvRope {
         qkv.contiguous()?.apply_op2_no_bwd(positions, self)
     }
 
-    /// [`forward`](Self::forward), and on CUDA the decode step's KV append in the same
-    /// kernel: the rotated k heads and the v heads are also written into `to`'s BF16 cache
-    /// at each sequence's device length (skipped at `to.limit` and beyond), and every length
-    /// advances by one; what [`Bf16Cache::append_decode`](crate::kv_cache::Bf16Cache::append_decode)
-    /// does, bit for bit. CUDA only (on the CPU the cache's own append runs).
-    pub fn forward_append(
-        &self,
-        qkv: &Tensor,
-        positions: &Tensor,
-        to: &AppendTarget<'_>,
-    ) -> Result<Tensor> {
-        let b = self.check(qkv, positions)?;
-        let (nkv, d) = (self.kv_heads, self.head_dim);
-        match to.kv.dims() {
-            [2, bb, rows, h, dd] if *bb == b && *h == nkv && *dd == d && *rows > 0 => {}
-            dims => bail!(
-                "QkvRope::forward_append: the cache must be BF16 [2, {b}, rows, {nkv}, {d}], got {:?} {dims:?}",
-                to.kv.dtype()
-            ),
-        }
-        if to.kv.dtype() != DType::BF16
-            || to.lens.dims() != [b]
-            || to.lens.dtype() != DType::U32
-            || to.limit > i32::MAX as usize
-            || to.kv.dim(2)? > i32::MAX as usize
-        {
-            bail!(
-                "QkvRope::forward_append: lengths {:?} {:?} (want U32 [{b}]), limit {}",
-                to.lens.dtype(),
-                to.lens.dims(),
-                to.limit
-            )
-        }
-        match &self.tables {
-            #[cfg(feature = "cuda")]
-            Tables::Cuda(_) => {
-                let op = WithAppend {
-                    rope: self,
-                    to: cuda::append_ptrs(to)?,
-                };
-                qkv.contiguous()?.apply_op2_no_bwd(positions, &op)
-            }
-            _ => bail!("QkvRope::forward_append runs on CUDA only (the CPU appends with the cache's own op)"),
-        }
-    }
-
     /// `(q_heads, kv_heads, head_dim)`.
     pub fn dims(&self) -> (usize, usize, usize) {
         (self.q_heads, self.kv_heads, self.head_dim)
@@ -183,40 +134,6 @@ impl QkvRope {
 
     fn out_shape(&self, b: usize) -> Shape {
         Shape::from((b, self.q_heads + 2 * self.kv_heads, self.head_dim))
-    }
-}
-
-/// A call of the rope with the append (CUDA).
-#[cfg(feature = "cuda")]
-struct WithAppend<'a> {
-    rope: &'a QkvRope,
-    to: cuda::AppendPtrs,
-}
-
-#[cfg(feature = "cuda")]
-impl CustomOp2 for WithAppend<'_> {
-    fn name(&self) -> &'static str {
-        "qkv-rope-append"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        bail!("QkvRope::forward_append: the cache is on a GPU, the input on the CPU")
-    }
-
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.rope.cuda_forward(s1, l1, s2, l2, Some(self.to))
     }
 }
 
@@ -300,7 +217,7 @@ impl CustomOp2 for QkvRope {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.cuda_forward(s1, l1, s2, l2, None)
+        self.cuda_forward(s1, l1, s2, l2)
     }
 }
 
@@ -312,7 +229,6 @@ impl QkvRope {
         l1: &Layout,
         s2: &candle_core::CudaStorage,
         l2: &Layout,
-        append: Option<cuda::AppendPtrs>,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let Tables::Cuda(plan) = &self.tables else {
             bail!("QkvRope: the tables are on the CPU, the input on a GPU")
@@ -324,7 +240,7 @@ impl QkvRope {
             heads: self.q_heads + 2 * self.kv_heads,
             d: self.head_dim,
         };
-        let out = cuda::forward(plan, &s, s1, l1, s2, l2, append)?;
+        let out = cuda::forward(plan, &s, s1, l1, s2, l2)?;
         Ok((out, self.out_shape(b)))
     }
 }

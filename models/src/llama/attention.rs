@@ -186,7 +186,7 @@ impl Attention {
         if let Some(f) = self.rope.fused() {
             if qkv.dtype() == DType::BF16 && cache.fuses_rope_append() {
                 // One kernel rotates q and k and stores k and v in the cache.
-                let y = cache.decode_batch_rope(f, qkv, positions, nh, for_graph)?;
+                let y = cache.decode_batch_rope(f, qkv, positions, for_graph)?;
                 let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
                 return self.o.forward(&y);
             }
