@@ -17,7 +17,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::gemv::{
-    bf16_gemv_with, nvfp4_gemv_with, packed_nvfp4_gemv_planned, GemvOptions, PackedNvfp4,
+    bf16_gemv_with, nvfp4_gemv_with, packed_nvfp4_gemv_planned, GemvKnobs, PackedNvfp4,
 };
 use candle_fp4::nvfp4::swizzled_shape;
 use std::time::Instant;
@@ -77,25 +77,9 @@ fn main() -> R<()> {
         let s = Tensor::rand(40f32, 72.0, (np, sp), &dev)?.to_dtype(DType::U8)?;
         let x = Tensor::randn(0f32, 1.0, (1, k), &dev)?.to_dtype(DType::BF16)?;
         for _ in 0..5 {
-            nvfp4_gemv_with(
-                &x,
-                &c,
-                &s,
-                0.01,
-                &GemvOptions {
-                    silu_mul: true,
-                    ..Default::default()
-                },
-            )?;
+            nvfp4_gemv_with(&x, &c, &s, 0.01, true, &GemvKnobs::default())?;
             let w = Tensor::randn(0f32, 0.02, (n, k), &dev)?.to_dtype(DType::BF16)?;
-            bf16_gemv_with(
-                &x,
-                &w,
-                &GemvOptions {
-                    silu_mul: true,
-                    ..Default::default()
-                },
-            )?;
+            bf16_gemv_with(&x, &w, true, &GemvKnobs::default())?;
         }
         dev.synchronize()?;
         return Ok(());
@@ -149,18 +133,14 @@ fn main() -> R<()> {
         }
         for &m in &ms_list {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
-            let opts = GemvOptions {
-                silu_mul: silu,
-                pdl: true,
-                ..Default::default()
-            };
+            let opts = GemvKnobs::with_pdl(true);
             let calls_fp4 = (sets_fp4 * 4).max(32);
             let calls_bf16 = (sets_bf16 * 4).max(32);
             // One plan serves every set: it holds the layout and geometry, not the weight.
             let plan = packed[0].plan(silu, m, true)?;
             let fp4 =
                 |i: usize| packed_nvfp4_gemv_planned(&x, &packed[i % sets_fp4], &plan).map(|_| ());
-            let bf = |i: usize| bf16_gemv_with(&x, &wb[i % sets_bf16], &opts).map(|_| ());
+            let bf = |i: usize| bf16_gemv_with(&x, &wb[i % sets_bf16], silu, &opts).map(|_| ());
             let mm = |i: usize| x.matmul(&wb[i % sets_bf16].t()?).map(|_| ());
             let dqmm = |i: usize| {
                 let w = packed[i % sets_fp4].dequantize_bf16()?;
@@ -222,14 +202,14 @@ fn main() -> R<()> {
         for m in [1usize, 8] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(DType::BF16)?;
             for split in [1usize, 2, 4] {
-                let o = GemvOptions {
-                    silu_mul: silu,
+                let o = GemvKnobs {
                     pdl: true,
                     split: Some(split),
                     ..Default::default()
                 };
                 let f = |i: usize| {
-                    nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, &o).map(|_| ())
+                    nvfp4_gemv_with(&x, &codes[i % sets], &scales[i % sets], 0.01, silu, &o)
+                        .map(|_| ())
                 };
                 match gpu_time(&dev, (sets * 4).max(32), 9, f) {
                     Ok(ms) => sweep.push(format!(

@@ -27,7 +27,7 @@ use anyhow::{anyhow, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
+use candle_fp4::kv_cache::{AttnKnobs, CacheShape, KvCache, KvCacheKind};
 
 const KV_HEADS: usize = 8;
 const Q_HEADS: usize = 32;
@@ -211,7 +211,7 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
 
     let fp4_us = graph_us(dev, n_rep, |i| Ok(reps[i].fp4.decode_attention(&q)?))?;
     // (FP4, BF16 kernel) GPU µs with launch options `opts`.
-    let both_us = |opts: &DecodeOptions| -> Result<(f64, f64)> {
+    let both_us = |opts: &AttnKnobs| -> Result<(f64, f64)> {
         let us = graph_us(dev, n_rep, |i| {
             Ok(reps[i].fp4.decode_attention_with(&q, opts)?)
         })?;
@@ -224,7 +224,7 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
     if let Ok(list) = std::env::var("CFP4_KV_BENCH_SPLITS") {
         for sp in list.split(',') {
             let splits: usize = sp.trim().parse()?;
-            let (us, bf) = both_us(&DecodeOptions {
+            let (us, bf) = both_us(&AttnKnobs {
                 splits: Some(splits),
                 ..Default::default()
             })?;
@@ -237,7 +237,7 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
     // combine kernel) and PDL on / off (the defaults' A/B).
     if std::env::var("CFP4_KV_BENCH_VARIANTS").is_ok() {
         for (fused, pdl) in [(false, false), (false, true), (true, false), (true, true)] {
-            let (us, bf) = both_us(&DecodeOptions {
+            let (us, bf) = both_us(&AttnKnobs {
                 fused_merge: Some(fused),
                 pdl: Some(pdl),
                 ..Default::default()
@@ -254,7 +254,7 @@ fn run_point(dev: &Device, ctx: usize, batch: usize) -> Result<Row> {
             let us = graph_us(dev, n_rep, |i| {
                 Ok(reps[i].fp4.decode_attention_with(
                     &q,
-                    &DecodeOptions {
+                    &AttnKnobs {
                         ring_first: Some(ring_first),
                         ..Default::default()
                     },

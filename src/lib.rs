@@ -24,6 +24,7 @@ pub mod error;
 pub mod gemv;
 pub mod greedy;
 mod kernel_params;
+pub mod knobs;
 pub mod kv_cache;
 mod layout;
 pub mod norm;

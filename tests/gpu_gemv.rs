@@ -12,26 +12,26 @@
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{bf16_gemv_with, nvfp4_gemv_with, GemvOptions, KernelImage};
+use candle_fp4::gemv::{bf16_gemv_with, nvfp4_gemv_with, GemvKnobs, KernelImage};
 use candle_fp4::nvfp4::dequantize_rows;
 use rand::{rngs::StdRng, SeedableRng};
 
 mod gemv_gpu_common;
 use gemv_gpu_common::{abs_dot, check, gpu, layer, rand_x, R};
 
-fn variants(m: usize, small: bool) -> Vec<GemvOptions> {
+fn variants(m: usize, small: bool) -> Vec<GemvKnobs> {
     let mut v = Vec::new();
     for nt in [1usize, 2, 4].into_iter().filter(|nt| 8 * nt >= m) {
         let splits: &[usize] = if small { &[1, 2, 4, 8] } else { &[1, 2, 8] };
         for &s in splits {
-            v.push(GemvOptions {
+            v.push(GemvKnobs {
                 nt: Some(nt),
                 split: Some(s),
                 pdl: s % 4 == 0,
                 ..Default::default()
             });
         }
-        v.push(GemvOptions {
+        v.push(GemvKnobs {
             nt: Some(nt),
             split: Some(1),
             image: KernelImage::Sm80,
@@ -78,7 +78,8 @@ fn run_shape(n: usize, k: usize, ms: &[usize], silus: &[bool], small: bool, seed
                 &l.codes,
                 &l.scales,
                 l.gs,
-                &GemvOptions::new(silu_mul, false),
+                silu_mul,
+                &GemvKnobs::default(),
             )?;
             check(
                 &format!("cpu oracle {n}x{k} m={m} silu={silu_mul}"),
@@ -90,12 +91,11 @@ fn run_shape(n: usize, k: usize, ms: &[usize], silus: &[bool], small: bool, seed
                 false,
             )?;
             for o in variants(m, small) {
-                let o = GemvOptions { silu_mul, ..o };
                 // Poison: free a NaN buffer of the output's size just before the call so
                 // the stream-ordered allocator hands it back; unwritten outputs show as NaN.
                 drop(Tensor::full(f32::NAN, (m, n), &dev)?.to_dtype(DType::BF16)?);
-                let y = nvfp4_gemv_with(&xg, &cg, &sg, l.gs, &o)?;
-                let what = format!("nvfp4 {n}x{k} m={m} {o:?}");
+                let y = nvfp4_gemv_with(&xg, &cg, &sg, l.gs, silu_mul, &o)?;
+                let what = format!("nvfp4 {n}x{k} m={m} silu={silu_mul} {o:?}");
                 check(&what, &y, &pre, &absd, k, silu_mul, false)?;
                 check(
                     &format!("{what} vs cublas"),
@@ -107,7 +107,7 @@ fn run_shape(n: usize, k: usize, ms: &[usize], silus: &[bool], small: bool, seed
                     true,
                 )?;
                 // BF16 GEMV on the same (dequantized, unscaled) weight.
-                let yb = bf16_gemv_with(&xg, &w_bf16, &o)?;
+                let yb = bf16_gemv_with(&xg, &w_bf16, silu_mul, &o)?;
                 let pre1: Vec<Vec<f32>> = pre
                     .iter()
                     .map(|r| r.iter().map(|v| v / l.gs).collect())
@@ -169,8 +169,15 @@ fn strided_x_and_errors() -> R<()> {
     let (cg, sg) = (l.codes.to_device(&dev)?, l.scales.to_device(&dev)?);
     let wide = rand_x(4, 1024, &mut rng)?.to_device(&dev)?;
     let x = wide.narrow(1, 512, 512)?; // row stride 1024, unit inner stride
-    let y = nvfp4_gemv_with(&x, &cg, &sg, l.gs, &GemvOptions::default())?;
-    let y2 = nvfp4_gemv_with(&x.contiguous()?, &cg, &sg, l.gs, &GemvOptions::default())?;
+    let y = nvfp4_gemv_with(&x, &cg, &sg, l.gs, false, &GemvKnobs::default())?;
+    let y2 = nvfp4_gemv_with(
+        &x.contiguous()?,
+        &cg,
+        &sg,
+        l.gs,
+        false,
+        &GemvKnobs::default(),
+    )?;
     let (a, b) = (
         y.to_dtype(DType::F32)?.to_vec2::<f32>()?,
         y2.to_dtype(DType::F32)?.to_vec2::<f32>()?,
@@ -181,7 +188,8 @@ fn strided_x_and_errors() -> R<()> {
         &cg,
         &sg,
         l.gs,
-        &GemvOptions {
+        false,
+        &GemvKnobs {
             split: Some(3),
             ..Default::default()
         }
@@ -192,7 +200,8 @@ fn strided_x_and_errors() -> R<()> {
         &cg,
         &sg,
         l.gs,
-        &GemvOptions {
+        false,
+        &GemvKnobs {
             nt: Some(2),
             split: Some(2),
             image: KernelImage::Sm80,
@@ -201,6 +210,6 @@ fn strided_x_and_errors() -> R<()> {
     )
     .is_err());
     let x33 = rand_x(33, 512, &mut rng)?.to_device(&dev)?;
-    assert!(nvfp4_gemv_with(&x33, &cg, &sg, l.gs, &GemvOptions::default()).is_err());
+    assert!(nvfp4_gemv_with(&x33, &cg, &sg, l.gs, false, &GemvKnobs::default()).is_err());
     Ok(())
 }

@@ -9,7 +9,7 @@
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::kv_cache::{Bf16Cache, CacheShape, DecodeOptions};
+use candle_fp4::kv_cache::{AttnKnobs, Bf16Cache, CacheShape};
 use candle_fp4::rope::QkvRope;
 use rand::{Rng, SeedableRng};
 
@@ -37,11 +37,11 @@ fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
         let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
         Tensor::from_vec(v, shape, &gpu)?.to_dtype(DType::BF16)
     };
-    let opt = |splits, fused_merge, pdl| DecodeOptions {
+    let opt = |splits, fused_merge, pdl| AttnKnobs {
         splits,
         fused_merge,
         pdl,
-        ..DecodeOptions::default()
+        ..AttnKnobs::default()
     };
     let variants = [
         ("heuristic splits", opt(None, None, None), false),
@@ -134,7 +134,7 @@ fn rope_in_attention_refuses_bad_input() -> candle_core::Result<()> {
     let mut c = Bf16Cache::new(shape, &gpu)?;
     let (k, v) = (t(&[cap, nkv, d])?, t(&[cap, nkv, d])?);
     c.append_seq(1, &k, &v)?;
-    let o = DecodeOptions::default();
+    let o = AttnKnobs::default();
     let qkv = t(&[batch, (nq + 2 * nkv) * d])?;
     let pos = Tensor::new(&[0u32, 4], &gpu)?;
     assert!(c

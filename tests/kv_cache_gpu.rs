@@ -20,7 +20,7 @@
 mod kv_cache_common;
 
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
+use candle_fp4::kv_cache::{AttnKnobs, CacheShape, KvCache, KvCacheKind};
 use half::bf16;
 use kv_cache_common::*;
 use rand::rngs::StdRng;
@@ -172,7 +172,7 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         .iter()
         .fold(0f64, |m, x| m.max(f64::from(x.to_f32()).abs()));
     let qg = Tensor::from_slice(&q, &dims[..], &gpu()).unwrap();
-    let opt = |splits, fused_merge, pdl| DecodeOptions {
+    let opt = |splits, fused_merge, pdl| AttnKnobs {
         splits,
         fused_merge,
         pdl,
@@ -180,7 +180,7 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
     };
     // The exact window's ring before and after the UltraQuant launch (without a window the
     // option changes nothing).
-    let ring = |ring_first, fused_merge, pdl| DecodeOptions {
+    let ring = |ring_first, fused_merge, pdl| AttnKnobs {
         ring_first: Some(ring_first),
         ..opt(None, fused_merge, pdl)
     };

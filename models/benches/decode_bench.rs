@@ -49,7 +49,7 @@ struct Case {
     ctx: usize,
     batch: usize,
     graph: bool,
-    /// GEMVs launched with PDL ([`LoadOptions::gemv_pdl`]).
+    /// GEMVs launched with PDL (`LoadOptions::knobs.gemv.pdl`).
     pdl: bool,
 }
 
@@ -78,7 +78,10 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         max_seq_len: Some(c.ctx + STEPS + 16),
         batch: c.batch,
         cuda_graph: c.graph,
-        gemv_pdl: c.pdl,
+        knobs: candle_fp4::knobs::Knobs {
+            gemv: candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl),
+            ..Default::default()
+        },
         ..LoadOptions::default()
     };
     let spec = RandomSpec {

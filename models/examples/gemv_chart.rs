@@ -1,13 +1,14 @@
-//! GEMV time / matmul time vs M, per shape, from a `benches/gemv_cuda.rs` log (the PNG of
-//! docs/benchmarks.md, tenth session).
+//! GEMV time / matmul time vs M, per shape, from a `tune` log or a `benches/gemv_cuda.rs`
+//! log (the PNG of docs/benchmarks.md).
 //!
 //! ```sh
 //! cargo run --release -p candle-fp4-models --example gemv_chart -- \
-//!     --out docs/img/gemv_vs_matmul.png docs/logs/s10/final-gemv_cuda.log
+//!     --out docs/img/gemv_vs_matmul.png docs/logs/s13/tune-decode/tune.log
 //! ```
 //!
-//! Reads the summary table the bench prints last (`| shape | M | NVFP4 µs | ... |`) and
-//! draws, per model (SmolLM2, Llama-3.1-8B, 70B, 70B tensor-parallel-2 shards), the packed
+//! Reads `tune`'s lines (`name NxK m= M: packed X us, dequant+matmul Y (..); bf16 gemv Z,
+//! matmul W (..)`), or else the summary table the bench prints last (`| shape | M | NVFP4
+//! µs | ... |`), and draws, per model (SmolLM2, Llama-3.1-8B, 70B, 70B tensor-parallel-2 shards), the packed
 //! NVFP4 GEMV's time over candle's BF16 matmul on a resident BF16 weight (solid) and over
 //! NVFP4's own matmul path, dequantize + matmul (dashed), against M. Below 1 the GEMV wins.
 
@@ -20,7 +21,50 @@ use std::path::PathBuf;
 /// (M, GEMV µs, matmul µs, dequantize + matmul µs) rows of one shape.
 type Series = Vec<(f64, f64, f64, f64)>;
 
+/// `tune`'s per-(shape, M) lines; an empty map when the text has none.
+fn parse_tune(text: &str) -> Result<BTreeMap<String, Series>> {
+    let mut out: BTreeMap<String, Series> = BTreeMap::new();
+    for line in text.lines() {
+        let Some((head, rest)) = line.split_once(": packed ") else {
+            continue;
+        };
+        let t: Vec<&str> = head.split_whitespace().collect();
+        // `name NxK m= M` or `name NxK m=MM`
+        let (name, shape, m) = match t.as_slice() {
+            [name, shape, "m=", m] => (*name, *shape, *m),
+            [name, shape, m] => (*name, *shape, m.trim_start_matches("m=")),
+            _ => bail!("tune line `{line}`: expected `name NxK m= M: packed ...`"),
+        };
+        let nums: Vec<f64> = rest
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|s| !s.is_empty() && *s != ".")
+            .map(|s| s.parse::<f64>())
+            .collect::<std::result::Result<_, _>>()
+            .with_context(|| format!("tune line `{line}`: not a number"))?;
+        // packed, dequant+matmul, (ratio), bf16 gemv, matmul, (ratio)
+        let [packed, dqmm, _, _, mm, ..] = nums.as_slice() else {
+            bail!("tune line `{line}`: expected six numbers after `packed`")
+        };
+        let m: f64 = m
+            .parse()
+            .with_context(|| format!("tune line `{line}`: M is not a number"))?;
+        let shape = shape.trim_end_matches('s');
+        let key = if name.trim_end_matches('s') == shape {
+            shape.to_string() // SmolLM2's shapes are named by themselves
+        } else {
+            format!("{shape} {name}")
+        };
+        out.entry(key).or_default().push((m, *packed, *mm, *dqmm));
+    }
+    Ok(out)
+}
+
+/// The bench's summary table, or `tune`'s lines.
 fn parse(text: &str) -> Result<BTreeMap<String, Series>> {
+    let tune = parse_tune(text)?;
+    if !tune.is_empty() {
+        return Ok(tune);
+    }
     let mut out: BTreeMap<String, Series> = BTreeMap::new();
     let mut in_table = false;
     for line in text.lines() {
@@ -49,7 +93,10 @@ fn parse(text: &str) -> Result<BTreeMap<String, Series>> {
     Ok(out)
 }
 
-/// The model a shape belongs to (the bench's shape list, in order).
+/// The panel of the tensor-parallel-2 shards (8B and 70B).
+const TP2: &str = "Llama-3.1-8B / 70B, tensor-parallel 2 shards";
+
+/// The model a shape belongs to (the bench's and `tune`'s shape lists).
 fn model(shape: &str) -> &'static str {
     let (n, k) = shape
         .split(' ')
@@ -58,10 +105,19 @@ fn model(shape: &str) -> &'static str {
         .unwrap_or(("0", "0"));
     match (n, k) {
         (_, "576") | ("576", _) => "SmolLM2-135M",
-        ("10240", "8192") | ("8192", "8192") | ("57344", _) | ("8192", "28672") => "Llama-3.1-70B",
-        ("5120", _) | ("8192", "4096") | ("28672", "8192") | ("8192", "14336") => {
-            "Llama-3.1-70B, tensor-parallel 2 shard"
+        ("10240", "8192") | ("8192", "8192") | ("57344", _) | ("8192", "28672") | (_, "8192")
+            if n != "5120" && n != "28672" =>
+        {
+            "Llama-3.1-70B"
         }
+        ("5120", _)
+        | ("8192", "4096")
+        | ("28672", "8192")
+        | ("8192", "14336")
+        | ("3072", _)
+        | ("4096", "2048")
+        | ("14336", _)
+        | ("4096", "7168") => TP2,
         _ => "Llama-3.1-8B",
     }
 }
@@ -93,12 +149,7 @@ fn main() -> Result<()> {
     );
     register_font("sans-serif", FontStyle::Normal, bytes)
         .map_err(|_| anyhow::anyhow!("{}: not a usable TrueType font", font.display()))?;
-    let models = [
-        "SmolLM2-135M",
-        "Llama-3.1-8B",
-        "Llama-3.1-70B",
-        "Llama-3.1-70B, tensor-parallel 2 shard",
-    ];
+    let models = ["SmolLM2-135M", "Llama-3.1-8B", "Llama-3.1-70B", TP2];
     let (w, h) = (1400u32, 1000u32);
     let mut buf = vec![0u8; (w * h * 3) as usize];
     {

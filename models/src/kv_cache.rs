@@ -15,7 +15,7 @@
 //! `prefill` and `decode` work on one sequence, [`LayerCache::sequence`] (0 by default).
 
 use candle_core::{bail, DType, Device, Result, Tensor};
-use candle_fp4::kv_cache::{CacheShape, DecodeOptions, KvCache, KvCacheKind};
+use candle_fp4::kv_cache::{AttnKnobs, CacheShape, KvCache, KvCacheKind};
 use candle_fp4::rope::QkvRope;
 
 /// One layer's cache.
@@ -28,7 +28,7 @@ pub struct LayerCache {
     /// The sequence `prefill` and `decode` work on.
     seq: usize,
     /// Launch options of `decode_batch`'s attention.
-    decode_opts: DecodeOptions,
+    decode_opts: AttnKnobs,
 }
 
 /// `[n_kv, t, d]` (any float dtype) → BF16 `[t, n_kv, d]`, the cache's layout.
@@ -59,13 +59,13 @@ impl LayerCache {
             n_kv,
             head_dim,
             seq: 0,
-            decode_opts: DecodeOptions::default(),
+            decode_opts: AttnKnobs::default(),
         })
     }
 
     /// Sets the launch options of [`decode_batch`](Self::decode_batch)'s attention (a
     /// tuning knob; the default is the measured choice).
-    pub fn set_decode_options(&mut self, opts: DecodeOptions) {
+    pub fn set_decode_options(&mut self, opts: AttnKnobs) {
         self.decode_opts = opts;
     }
 

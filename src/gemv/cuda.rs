@@ -1,7 +1,7 @@
 //! CUDA forward of the GEMV ops (`kernels/gemv.cu`): [`plan`] resolves the kernel and its
 //! launch geometry once; [`forward`] checks the call's storages and launches the plan.
 
-use super::options::{GemvOptions, GemvPlan, KernelImage};
+use super::options::{GemvKnobs, GemvPlan, KernelImage};
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::GemvParams;
 use crate::layout::contiguous_range;
@@ -38,7 +38,8 @@ pub(crate) fn plan(
     n: usize,
     k: usize,
     nt: usize,
-    opts: &GemvOptions,
+    silu: bool,
+    opts: &GemvKnobs,
 ) -> Result<GemvPlan> {
     let f = facts(dev)?;
     let image = match opts.image {
@@ -46,7 +47,6 @@ pub(crate) fn plan(
         KernelImage::Sm80 => Image::Compute80Ptx,
     };
     let loaded = module(dev, KernelFile::Gemv, image)?;
-    let silu = opts.silu_mul;
     let tiles = if silu {
         (n / 2).div_ceil(8)
     } else {

@@ -24,7 +24,7 @@ pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 #[cfg(feature = "cuda")]
 pub use options::GemvPlan;
 pub(crate) use options::Plan;
-pub use options::{GemvOptions, KernelImage};
+pub use options::{GemvKnobs, KernelImage};
 pub use packed::{packed_nvfp4_gemv, packed_nvfp4_gemv_planned, PackedGemvPlan, PackedNvfp4};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
@@ -51,8 +51,10 @@ fn out_shape(m: usize, n: usize, silu_mul: bool) -> Shape {
 pub struct Nvfp4Gemv {
     /// FP32 per-tensor global scale (`weight_scale_2`).
     pub global_scale: f32,
-    /// Launch options.
-    pub opts: GemvOptions,
+    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
+    pub silu_mul: bool,
+    /// Launch knobs.
+    pub knobs: GemvKnobs,
     /// CUDA: the launch planned once for this weight (else planned per call).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) plan: Plan,
@@ -80,7 +82,7 @@ impl CustomOp3 for Nvfp4Gemv {
         let scales = contiguous_u8(OP, "weight_scale", s3, l3)?;
         let sp = swizzled_shape(n, k / BLOCK_SIZE).1;
         let rows = WeightRows::Nvfp4 { codes, scales, sp };
-        let silu = self.opts.silu_mul;
+        let silu = self.silu_mul;
         let out = gemv_cpu(x, rs, m, k, n, &rows, self.global_scale, silu)?;
         Ok((CpuStorage::BF16(out), out_shape(m, n, silu)))
     }
@@ -108,7 +110,15 @@ impl CustomOp3 for Nvfp4Gemv {
             None => {
                 let (m, k) = l1.shape().dims2()?;
                 let n = l2.shape().dims2()?.0;
-                let p = cuda::plan(s1.device(), true, n, k, self.opts.tile(m), &self.opts)?;
+                let p = cuda::plan(
+                    s1.device(),
+                    true,
+                    n,
+                    k,
+                    self.knobs.tile(m),
+                    self.silu_mul,
+                    &self.knobs,
+                )?;
                 cuda::forward(OP, &p, s1, l1, w)
             }
         }
@@ -118,8 +128,10 @@ impl CustomOp3 for Nvfp4Gemv {
 /// The BF16 GEMV as a candle op: inputs `x`, `weight`.
 #[derive(Debug, Clone)]
 pub struct Bf16Gemv {
-    /// Launch options.
-    pub opts: GemvOptions,
+    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
+    pub silu_mul: bool,
+    /// Launch knobs.
+    pub knobs: GemvKnobs,
     /// CUDA: the launch planned once for this weight (else planned per call).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) plan: Plan,
@@ -146,7 +158,7 @@ impl CustomOp2 for Bf16Gemv {
             _ => bail!("{OP}: weight must be a contiguous BF16 tensor"),
         };
         let rows = WeightRows::Bf16 { w };
-        let silu = self.opts.silu_mul;
+        let silu = self.silu_mul;
         let out = gemv_cpu(x, rs, m, k, n, &rows, 1.0, silu)?;
         Ok((CpuStorage::BF16(out), out_shape(m, n, silu)))
     }
@@ -166,7 +178,15 @@ impl CustomOp2 for Bf16Gemv {
             None => {
                 let (m, k) = l1.shape().dims2()?;
                 let n = l2.shape().dims2()?.0;
-                let p = cuda::plan(s1.device(), false, n, k, self.opts.tile(m), &self.opts)?;
+                let p = cuda::plan(
+                    s1.device(),
+                    false,
+                    n,
+                    k,
+                    self.knobs.tile(m),
+                    self.silu_mul,
+                    &self.knobs,
+                )?;
                 cuda::forward(OP, &p, s1, l1, w)
             }
         }
@@ -190,20 +210,31 @@ pub fn nvfp4_gemv(
         weight,
         weight_scale,
         global_scale,
-        &GemvOptions::new(silu_mul, pdl),
+        silu_mul,
+        &GemvKnobs::with_pdl(pdl),
     )
 }
 
-/// [`nvfp4_gemv`] with explicit [`GemvOptions`] (kernel variant selection for tests and
+/// [`nvfp4_gemv`] with explicit launch knobs (kernel variant selection for tests and
 /// benchmarks).
+#[doc(hidden)]
 pub fn nvfp4_gemv_with(
     x: &Tensor,
     weight: &Tensor,
     weight_scale: &Tensor,
     global_scale: f32,
-    opts: &GemvOptions,
+    silu_mul: bool,
+    knobs: &GemvKnobs,
 ) -> Result<Tensor> {
-    nvfp4_gemv_planned(x, weight, weight_scale, global_scale, opts, Plan::default())
+    nvfp4_gemv_planned(
+        x,
+        weight,
+        weight_scale,
+        global_scale,
+        silu_mul,
+        knobs,
+        Plan::default(),
+    )
 }
 
 /// [`nvfp4_gemv_with`] launching `plan` (CUDA; made once for the weight) when given.
@@ -212,13 +243,13 @@ pub(crate) fn nvfp4_gemv_planned(
     weight: &Tensor,
     weight_scale: &Tensor,
     global_scale: f32,
-    opts: &GemvOptions,
+    silu_mul: bool,
+    knobs: &GemvKnobs,
     plan: Plan,
 ) -> Result<Tensor> {
     const OP: &str = "nvfp4_gemv";
-    let silu_mul = opts.silu_mul;
     let (m, k) = check_x(OP, x)?;
-    opts.check(OP, m)?;
+    knobs.check(OP, m)?;
     let n = match weight.dims() {
         [n, k2] if *k2 * 2 == k && weight.dtype() == DType::U8 => *n,
         d => bail!(
@@ -246,7 +277,8 @@ pub(crate) fn nvfp4_gemv_planned(
     let weight_scale = weight_scale.contiguous()?;
     let op = Nvfp4Gemv {
         global_scale,
-        opts: *opts,
+        silu_mul,
+        knobs: *knobs,
         plan,
     };
     x.apply_op3_no_bwd(&weight, &weight_scale, &op)
@@ -255,25 +287,31 @@ pub(crate) fn nvfp4_gemv_planned(
 /// BF16 GEMV: `x` BF16 `[M, K]` (M ≤ 32, K % 64 == 0, unit inner stride) times
 /// `weight` BF16 `[N, K]`. Returns BF16 `[M, N]`, or `[M, N/2]` with `silu_mul`.
 pub fn bf16_gemv(x: &Tensor, weight: &Tensor, silu_mul: bool, pdl: bool) -> Result<Tensor> {
-    bf16_gemv_with(x, weight, &GemvOptions::new(silu_mul, pdl))
+    bf16_gemv_with(x, weight, silu_mul, &GemvKnobs::with_pdl(pdl))
 }
 
-/// [`bf16_gemv`] with explicit [`GemvOptions`].
-pub fn bf16_gemv_with(x: &Tensor, weight: &Tensor, opts: &GemvOptions) -> Result<Tensor> {
-    bf16_gemv_planned(x, weight, opts, Plan::default())
+/// [`bf16_gemv`] with explicit launch knobs.
+#[doc(hidden)]
+pub fn bf16_gemv_with(
+    x: &Tensor,
+    weight: &Tensor,
+    silu_mul: bool,
+    knobs: &GemvKnobs,
+) -> Result<Tensor> {
+    bf16_gemv_planned(x, weight, silu_mul, knobs, Plan::default())
 }
 
 /// [`bf16_gemv_with`] launching `plan` (CUDA; made once for the weight) when given.
 pub(crate) fn bf16_gemv_planned(
     x: &Tensor,
     weight: &Tensor,
-    opts: &GemvOptions,
+    silu_mul: bool,
+    knobs: &GemvKnobs,
     plan: Plan,
 ) -> Result<Tensor> {
     const OP: &str = "bf16_gemv";
-    let silu_mul = opts.silu_mul;
     let (m, k) = check_x(OP, x)?;
-    opts.check(OP, m)?;
+    knobs.check(OP, m)?;
     let n = match weight.dims() {
         [n, kk] if *kk == k && weight.dtype() == DType::BF16 => *n,
         d => bail!(
@@ -286,6 +324,10 @@ pub(crate) fn bf16_gemv_planned(
         bail!("{OP}: x and weight must be on the same device");
     }
     let weight = weight.contiguous()?;
-    let op = Bf16Gemv { opts: *opts, plan };
+    let op = Bf16Gemv {
+        silu_mul,
+        knobs: *knobs,
+        plan,
+    };
     x.apply_op2_no_bwd(&weight, &op)
 }

@@ -1,4 +1,4 @@
-//! Launch options of the GEMV ops, and (CUDA) the launch plan made from them once.
+//! Launch knobs of the GEMV ops, and (CUDA) the launch plan made from them once.
 
 use candle_core::{bail, Result};
 
@@ -14,13 +14,12 @@ pub enum KernelImage {
     Sm80,
 }
 
-/// Launch options of the GEMV ops. Only `silu_mul` changes the result; the others
-/// choose among equivalent kernels (CUDA only; the CPU ignores them): the tuning knobs of
-/// the tests, benchmarks and `tune`.
+/// The GEMV's launch knobs (part of [`Knobs`](crate::knobs::Knobs)): they choose among
+/// kernels that give the same result (CUDA only; the CPU ignores them), for the tests,
+/// benchmarks and `tune`. The default is automatic everywhere, without PDL.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GemvOptions {
-    /// Fused `silu(gate)·up` epilogue over `[gate | up]` output halves.
-    pub silu_mul: bool,
+pub struct GemvKnobs {
     /// Programmatic dependent launch: weight loads overlap the previous kernel's tail.
     pub pdl: bool,
     /// Token tiles (8·nt tokens, nt ∈ [`GEMV_NTS`](crate::variants::GEMV_NTS), 8·nt ≥ M);
@@ -33,11 +32,10 @@ pub struct GemvOptions {
     pub image: KernelImage,
 }
 
-impl GemvOptions {
-    /// Options with the epilogue and PDL flags set, everything else automatic.
-    pub fn new(silu_mul: bool, pdl: bool) -> Self {
+impl GemvKnobs {
+    /// Knobs with PDL on or off, everything else automatic.
+    pub fn with_pdl(pdl: bool) -> Self {
         Self {
-            silu_mul,
             pdl,
             ..Default::default()
         }

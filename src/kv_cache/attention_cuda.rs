@@ -23,13 +23,13 @@ unsafe impl DeviceRepr for KvCombineParams {}
 
 /// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
 const MAX_SPLITS: usize = 1024;
-/// Whether the splits are merged in the attention kernel when [`DecodeOptions`] leaves it
+/// Whether the splits are merged in the attention kernel when [`AttnKnobs`] leaves it
 /// open. Measured on the H200 (docs/benchmarks.md): the same GPU time either way for
 /// UltraQuant (16-warp CTAs, one (head, d) per thread in the merge) and one kernel launch and
 /// two allocations less per call; the BF16 kernel's 4-warp CTAs merge 4 values per thread
 /// over twice the splits and are 1–2 µs slower fused, so it keeps the combine kernel.
 ///
-/// [`DecodeOptions`]: super::DecodeOptions
+/// [`AttnKnobs`]: super::AttnKnobs
 fn fused_merge_default(fp4: bool) -> bool {
     fp4
 }

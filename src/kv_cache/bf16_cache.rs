@@ -4,7 +4,7 @@
 use super::lengths::Lengths;
 use super::ops::{make_plan, KvAppend, KvAttention, PlanRef};
 use super::shape::{
-    check_decode_kv, check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind,
+    check_decode_kv, check_new_kv, check_query, check_room, AttnKnobs, CacheShape, KvCacheKind,
 };
 use crate::rope::QkvRope;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -167,7 +167,7 @@ impl Bf16Cache {
         rope: &QkvRope,
         qkv: &Tensor,
         positions: &Tensor,
-        opts: &DecodeOptions,
+        opts: &AttnKnobs,
         capacity_splits: bool,
     ) -> Result<Tensor> {
         const WHAT: &str = "Bf16Cache::decode_rope_attention";
@@ -254,11 +254,12 @@ impl Bf16Cache {
 
     /// Decode attention (see [`KvCache::decode_attention`](super::KvCache::decode_attention)).
     pub fn decode_attention(&self, q: &Tensor) -> Result<Tensor> {
-        self.decode_attention_with(q, &DecodeOptions::default())
+        self.decode_attention_with(q, &AttnKnobs::default())
     }
 
     /// Decode attention with launch options.
-    pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+    #[doc(hidden)]
+    pub fn decode_attention_with(&self, q: &Tensor, opts: &AttnKnobs) -> Result<Tensor> {
         let max_len = self.lens.host.iter().copied().max().unwrap_or(0);
         self.attention(q, opts, max_len)
     }
@@ -266,19 +267,16 @@ impl Bf16Cache {
     /// Decode attention whose splits are planned for the capacity (see
     /// [`KvCache::decode_attention_capacity`](super::KvCache::decode_attention_capacity)).
     pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
-        self.decode_attention_capacity_with(q, &DecodeOptions::default())
+        self.decode_attention_capacity_with(q, &AttnKnobs::default())
     }
 
     /// [`decode_attention_capacity`](Self::decode_attention_capacity) with launch options.
-    pub fn decode_attention_capacity_with(
-        &self,
-        q: &Tensor,
-        opts: &DecodeOptions,
-    ) -> Result<Tensor> {
+    #[doc(hidden)]
+    pub fn decode_attention_capacity_with(&self, q: &Tensor, opts: &AttnKnobs) -> Result<Tensor> {
         self.attention(q, opts, self.shape.capacity)
     }
 
-    fn attention(&self, q: &Tensor, opts: &DecodeOptions, max_len: usize) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, opts: &AttnKnobs, max_len: usize) -> Result<Tensor> {
         let q_heads = check_query(
             "Bf16Cache::decode_attention",
             q,

@@ -69,7 +69,7 @@ mod ultraquant_cache;
 
 pub use bf16_cache::Bf16Cache;
 pub use cpu::{attention_cpu, KvSource};
-pub use shape::{CacheShape, DecodeOptions, KvCacheKind, SLOT_PADDING};
+pub use shape::{AttnKnobs, CacheShape, KvCacheKind, SLOT_PADDING};
 pub use ultraquant_cache::UltraQuantCache;
 
 use candle_core::{Device, Result, Tensor};
@@ -142,7 +142,7 @@ impl KvCache {
         rope: &crate::rope::QkvRope,
         qkv: &Tensor,
         positions: &Tensor,
-        opts: &DecodeOptions,
+        opts: &AttnKnobs,
         capacity_splits: bool,
     ) -> Result<Tensor> {
         match self {
@@ -230,11 +230,12 @@ impl KvCache {
     /// Decode attention of `q` BF16 `[batch, q_heads, head_dim]` over the cached tokens;
     /// BF16 `[batch, q_heads, head_dim]`. See the module docs.
     pub fn decode_attention(&self, q: &Tensor) -> Result<Tensor> {
-        self.decode_attention_with(q, &DecodeOptions::default())
+        self.decode_attention_with(q, &AttnKnobs::default())
     }
 
     /// [`decode_attention`](Self::decode_attention) with launch options.
-    pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+    #[doc(hidden)]
+    pub fn decode_attention_with(&self, q: &Tensor, opts: &AttnKnobs) -> Result<Tensor> {
         match self {
             Self::Bf16(c) => c.decode_attention_with(q, opts),
             Self::UltraQuant(c) => c.decode_attention_with(q, opts),
@@ -261,15 +262,12 @@ impl KvCache {
     /// serve every length, which is what a captured CUDA graph replays. Same result up to the
     /// FP32 summation order of the split merge; at short lengths some splits are empty.
     pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
-        self.decode_attention_capacity_with(q, &DecodeOptions::default())
+        self.decode_attention_capacity_with(q, &AttnKnobs::default())
     }
 
     /// [`decode_attention_capacity`](Self::decode_attention_capacity) with launch options.
-    pub fn decode_attention_capacity_with(
-        &self,
-        q: &Tensor,
-        opts: &DecodeOptions,
-    ) -> Result<Tensor> {
+    #[doc(hidden)]
+    pub fn decode_attention_capacity_with(&self, q: &Tensor, opts: &AttnKnobs) -> Result<Tensor> {
         match self {
             Self::Bf16(c) => c.decode_attention_capacity_with(q, opts),
             Self::UltraQuant(c) => c.decode_attention_capacity_with(q, opts),

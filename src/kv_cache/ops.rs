@@ -2,7 +2,7 @@
 //! lengths update and decode attention, each with the cache's launch plan (CUDA). Their
 //! forwards are in `backends.rs` (CPU: `cpu.rs`, CUDA: `cuda.rs`).
 
-use super::shape::{CacheShape, DecodeOptions, KvCacheKind};
+use super::shape::{AttnKnobs, CacheShape, KvCacheKind};
 use candle_core::{Shape, Tensor};
 
 /// What an op carries of its cache's plan: the CUDA kernels resolved when the cache was
@@ -90,7 +90,7 @@ pub(crate) struct KvAttention {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub max_len: usize,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub opts: DecodeOptions,
+    pub opts: AttnKnobs,
     /// UltraQuant only: the last `size` tokens of each sequence read exact from `ring`.
     pub window: Option<ExactWindow>,
     /// BF16 cache on CUDA only: the decode step's rope and KV append done by the attention

@@ -30,7 +30,7 @@ pub struct CacheShape {
     pub head_dim: usize,
 }
 
-/// The exact window's launch order on the GPU ([`DecodeOptions::ring_first`] = `None`):
+/// The exact window's launch order on the GPU ([`AttnKnobs::ring_first`] = `None`):
 /// `true` = the BF16 ring kernel before the UltraQuant kernel, `false` = after it, where
 /// (under PDL) its CTAs run beside the UltraQuant ones. That pays when they have room: on
 /// the SMs the UltraQuant grid leaves free (`(sms - fp4_ctas) · ring_per_sm` CTAs), or in the
@@ -101,10 +101,13 @@ impl CacheShape {
     }
 }
 
-/// Launch options of decode attention (CUDA only; the CPU ignores them): the tuning knobs
-/// of the tests and benchmarks.
+/// Launch knobs of decode attention (part of [`Knobs`](crate::knobs::Knobs); CUDA only, the
+/// CPU ignores them): they choose among launches that give the same result up to the FP32
+/// order of the split merge, for the tests and benchmarks. The default is the measured
+/// choice.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DecodeOptions {
+pub struct AttnKnobs {
     /// Token-range splits per (sequence, KV head); `None` = heuristic (as many CTAs as are
     /// resident at once on the GPU, at least two 16-token tiles per warp). Clamped to
     /// `1..=1024`.

@@ -3,7 +3,7 @@
 use super::lengths::Lengths;
 use super::ops::{make_plan, ExactWindow, KvAppend, KvAttention, PlanRef, UqRead, UqStore};
 use super::shape::{
-    check_new_kv, check_query, check_room, CacheShape, DecodeOptions, KvCacheKind, SLOT_PADDING,
+    check_new_kv, check_query, check_room, AttnKnobs, CacheShape, KvCacheKind, SLOT_PADDING,
 };
 use crate::ultraquant::slot_size;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -261,11 +261,12 @@ impl UltraQuantCache {
 
     /// Decode attention (see [`KvCache::decode_attention`](super::KvCache::decode_attention)).
     pub fn decode_attention(&self, q: &Tensor) -> Result<Tensor> {
-        self.decode_attention_with(q, &DecodeOptions::default())
+        self.decode_attention_with(q, &AttnKnobs::default())
     }
 
     /// Decode attention with launch options.
-    pub fn decode_attention_with(&self, q: &Tensor, opts: &DecodeOptions) -> Result<Tensor> {
+    #[doc(hidden)]
+    pub fn decode_attention_with(&self, q: &Tensor, opts: &AttnKnobs) -> Result<Tensor> {
         let max_len = self.lens.host.iter().copied().max().unwrap_or(0);
         self.attention(q, opts, max_len)
     }
@@ -273,15 +274,12 @@ impl UltraQuantCache {
     /// Decode attention whose splits are planned for the capacity (see
     /// [`KvCache::decode_attention_capacity`](super::KvCache::decode_attention_capacity)).
     pub fn decode_attention_capacity(&self, q: &Tensor) -> Result<Tensor> {
-        self.decode_attention_capacity_with(q, &DecodeOptions::default())
+        self.decode_attention_capacity_with(q, &AttnKnobs::default())
     }
 
     /// [`decode_attention_capacity`](Self::decode_attention_capacity) with launch options.
-    pub fn decode_attention_capacity_with(
-        &self,
-        q: &Tensor,
-        opts: &DecodeOptions,
-    ) -> Result<Tensor> {
+    #[doc(hidden)]
+    pub fn decode_attention_capacity_with(&self, q: &Tensor, opts: &AttnKnobs) -> Result<Tensor> {
         self.attention(q, opts, self.shape.capacity)
     }
 
@@ -325,7 +323,7 @@ impl UltraQuantCache {
             .set_host("UltraQuantCache::set_host_lens", lens, self.shape.capacity)
     }
 
-    fn attention(&self, q: &Tensor, opts: &DecodeOptions, max_len: usize) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, opts: &AttnKnobs, max_len: usize) -> Result<Tensor> {
         let q_heads = check_query(
             "UltraQuantCache::decode_attention",
             q,

@@ -61,15 +61,23 @@ impl QuantLinear {
             (Choice::Packed(_), _) => {
                 bail!("QuantLinear: internal error, a packed plan for an unpacked weight")
             }
-            (Choice::Gemv(opts, plan), w) => {
+            (Choice::Gemv(knobs, plan), w) => {
                 return match w {
                     Weight::Nvfp4 {
                         codes,
                         scales,
                         global_scale,
-                    } => nvfp4_gemv_planned(x, codes, scales, *global_scale, opts, plan.clone()),
-                    Weight::Packed(p) => crate::gemv::packed_nvfp4_gemv(x, p, silu_mul, opts.pdl),
-                    Weight::Bf16(w) => bf16_gemv_planned(x, w, opts, plan.clone()),
+                    } => nvfp4_gemv_planned(
+                        x,
+                        codes,
+                        scales,
+                        *global_scale,
+                        silu_mul,
+                        knobs,
+                        plan.clone(),
+                    ),
+                    Weight::Packed(p) => crate::gemv::packed_nvfp4_gemv(x, p, silu_mul, knobs.pdl),
+                    Weight::Bf16(w) => bf16_gemv_planned(x, w, silu_mul, knobs, plan.clone()),
                 };
             }
         }

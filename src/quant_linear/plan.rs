@@ -3,7 +3,7 @@
 //! its device (on a GPU: that device's tuned table and a resolved kernel launch per tile).
 
 use super::weight::Weight;
-use crate::gemv::{GemvOptions, Plan, K_ALIGN, MAX_M};
+use crate::gemv::{GemvKnobs, Plan, K_ALIGN, MAX_M};
 use candle_core::{Device, Result};
 
 /// Whether a projection of `m` tokens with in-features `k` should run the GEMV rather
@@ -26,8 +26,9 @@ pub fn use_gemv(on_cpu: bool, tuned_nt: Option<usize>, m: usize, k: usize) -> bo
 pub(crate) enum Choice {
     /// Dequantize (NVFP4) and matmul.
     Matmul,
-    /// The GEMV with these options (token tile set) and, on CUDA, its planned launch.
-    Gemv(GemvOptions, Plan),
+    /// The GEMV with these knobs (token tile set) and, on CUDA, its planned launch (the
+    /// epilogue is the slot's: `Plans` keeps one choice per `silu_mul`).
+    Gemv(GemvKnobs, Plan),
     /// The packed NVFP4 GEMV with its planned launch (CUDA).
     #[cfg(feature = "cuda")]
     Packed(std::sync::Arc<crate::gemv::packed::cuda::PackedPlan>),
@@ -84,14 +85,14 @@ impl Plans {
                     continue;
                 }
                 // The tile the table measured as faster (it may skip a smaller one).
-                let opts = GemvOptions {
+                let knobs = GemvKnobs {
                     nt,
-                    ..GemvOptions::new(silu, pdl)
+                    ..GemvKnobs::with_pdl(pdl)
                 };
                 *slot = match made.iter().find(|(t, s, _)| Some(*t) == nt && *s == silu) {
                     Some((_, _, c)) => c.clone(),
                     None => {
-                        let c = make_choice(device, weight, n, k, nt, &opts)?;
+                        let c = make_choice(device, weight, n, k, nt, silu, &knobs)?;
                         if let Some(t) = nt {
                             made.push((t, silu, c.clone()));
                         }
@@ -166,7 +167,8 @@ fn make_choice(
     n: usize,
     k: usize,
     nt: Option<usize>,
-    opts: &GemvOptions,
+    silu: bool,
+    opts: &GemvKnobs,
 ) -> Result<Choice> {
     use std::sync::Arc;
     let fp4 = !matches!(weight, Weight::Bf16(_));
@@ -174,14 +176,15 @@ fn make_choice(
         (Device::Cuda(d), Some(nt), Weight::Packed(p)) => {
             // The packed kernel's tiles are the same list's first entries (1, 2, 4).
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
-            let plan =
-                crate::gemv::packed::cuda::plan(d, p.layout(), opts.silu_mul, nt, opts.pdl, sm80)?;
+            let plan = crate::gemv::packed::cuda::plan(d, p.layout(), silu, nt, opts.pdl, sm80)?;
             Ok(Choice::Packed(Arc::new(plan)))
         }
         (Device::Cuda(d), Some(nt), _) => Ok(Choice::Gemv(
             *opts,
             Plan {
-                cuda: Some(Arc::new(crate::gemv::cuda::plan(d, fp4, n, k, nt, opts)?)),
+                cuda: Some(Arc::new(crate::gemv::cuda::plan(
+                    d, fp4, n, k, nt, silu, opts,
+                )?)),
             },
         )),
         _ => Ok(Choice::Gemv(*opts, Plan::default())),
@@ -195,7 +198,8 @@ fn make_choice(
     _n: usize,
     _k: usize,
     _nt: Option<usize>,
-    opts: &GemvOptions,
+    _silu: bool,
+    opts: &GemvKnobs,
 ) -> Result<Choice> {
     Ok(Choice::Gemv(*opts, Plan::default()))
 }

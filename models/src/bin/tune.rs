@@ -17,7 +17,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{bf16_gemv_with, packed_nvfp4_gemv_planned, GemvOptions, PackedNvfp4};
+use candle_fp4::gemv::{bf16_gemv_with, packed_nvfp4_gemv_planned, GemvKnobs, PackedNvfp4};
 use candle_fp4::nvfp4::swizzled_shape;
 use candle_fp4::tables::TunedTable;
 use candle_fp4_models::config::LlamaConfig;
@@ -92,9 +92,9 @@ fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
             let w = packed[i % sets4].dequantize_bf16()?;
             x.matmul(&w.t()?).map(|_| ())
         })?;
-        let opts = GemvOptions::new(s.silu_mul, true);
+        let opts = GemvKnobs::with_pdl(true);
         let gb = gpu_us(dev, c16, |i| {
-            bf16_gemv_with(&x, &wb[i % sets16], &opts).map(|_| ())
+            bf16_gemv_with(&x, &wb[i % sets16], s.silu_mul, &opts).map(|_| ())
         })?;
         let mm = gpu_us(dev, c16, |i| x.matmul(&wb[i % sets16].t()?).map(|_| ()))?;
         println!(

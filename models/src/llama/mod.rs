@@ -181,7 +181,7 @@ impl Llama {
         } = parts;
         let norm = RmsNorm::new(norm, cfg.rms_norm_eps as f32)?;
         let (mut blocks, mut lm_head) = (blocks, lm_head);
-        if opts.gemv_pdl && device.is_cuda() {
+        if opts.knobs.gemv.pdl && device.is_cuda() {
             for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
                 l.set_pdl(true)?;
             }
@@ -200,7 +200,7 @@ impl Llama {
                     opts.kv_window,
                     device,
                 )?;
-                c.set_decode_options(opts.decode_attention);
+                c.set_decode_options(opts.knobs.attention);
                 Ok(c)
             })
             .collect::<candle_core::Result<Vec<_>>>()?;

@@ -1,7 +1,8 @@
 //! [`LoadOptions`]: how a model is loaded (KV cache, context, batch, CUDA graph).
 
 use candle_core::{DType, Device};
-use candle_fp4::kv_cache::{DecodeOptions, KvCacheKind};
+use candle_fp4::knobs::Knobs;
+use candle_fp4::kv_cache::KvCacheKind;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -35,15 +36,14 @@ pub struct LoadOptions {
     /// graph (recorded at the second step, replayed from then on); default `true`. `false`
     /// runs the same step eagerly, kernel by kernel.
     pub cuda_graph: bool,
-    /// Launch the GEMVs with programmatic dependent launch ([`QuantLinear::set_pdl`]): each
-    /// starts while the kernel before it runs, issuing its weight loads, and waits for that
-    /// kernel's output on the device. Default `true` (sm_90 and newer; ignored elsewhere).
+    /// The launch knobs of the benchmarks (hidden; the default is the measured choice): the
+    /// GEMVs' PDL (`knobs.gemv.pdl`, on by default: [`QuantLinear::set_pdl`]; a model's
+    /// layers take their tiles and splits from the device's table, not from `knobs.gemv`)
+    /// and the decode attention's launch knobs (`knobs.attention`).
     ///
     /// [`QuantLinear::set_pdl`]: candle_fp4::quant_linear::QuantLinear::set_pdl
-    pub gemv_pdl: bool,
-    /// Launch options of the decode step's attention (splits, merge, PDL): a tuning knob of
-    /// the benchmarks; the default is the measured choice.
-    pub decode_attention: DecodeOptions,
+    #[doc(hidden)]
+    pub knobs: Knobs,
 }
 
 /// Default exact window of the UltraQuant cache: 64 tokens (docs/accuracy.md: SmolLM2's
@@ -62,8 +62,7 @@ impl Default for LoadOptions {
             allow_long_context: false,
             batch: 1,
             cuda_graph: true,
-            gemv_pdl: true,
-            decode_attention: DecodeOptions::default(),
+            knobs: Knobs::default(),
         }
     }
 }
