@@ -101,7 +101,6 @@ impl Llama {
             opts.max_seq_len,
             opts.allow_long_context,
         )?;
-        let h = cfg.hidden_size;
         let ld = Loader {
             ckpt: &ckpt,
             quant: &quant,
@@ -109,58 +108,10 @@ impl Llama {
             device,
         };
 
-        let ename = "model.embed_tokens.weight";
-        let e = ckpt.get(ename)?;
-        if !e.dtype.is_float() {
-            bail!("{}: `{ename}` is {:?}: quantized embeddings are not supported (ModelOpt keeps them in 16 bits)", ckpt.origin(), e.dtype);
-        }
-        if e.shape != [cfg.vocab_size, h] {
-            return Err(crate::errors::ConfigError::ShapeMismatch {
-                origin: ckpt.origin().to_string(),
-                tensor: ename.to_string(),
-                found: e.shape.clone(),
-                expected: vec![cfg.vocab_size, h],
-            }
-            .into());
-        }
-        let embed = e.to_tensor(device)?.to_dtype(DType::BF16)?;
-
         // The RoPE tables (cannot fail on a valid config) are shared by every layer.
         let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
-        let blocks = (0..cfg.num_hidden_layers)
-            .map(|i| Block::load(&ld, &cfg, i, &rope))
-            .collect::<Result<Vec<_>>>()?;
-        let norm = ld.vector("model.norm.weight", h)?;
-        // Untied: `lm_head.weight` must be there (a missing one is an error naming it,
-        // never a silent fallback to the embedding).
-        let lm_head = if cfg.tie_word_embeddings {
-            QuantLinear::from_bf16(embed.clone(), None)?
-        } else {
-            let l = ld.linear("lm_head")?;
-            linear::check_dims(
-                ckpt.origin(),
-                "lm_head",
-                l.out_features(),
-                l.in_features(),
-                cfg.vocab_size,
-                h,
-            )?;
-            l
-        };
-        Self::assemble(
-            Parts {
-                cfg,
-                quant,
-                embed,
-                blocks,
-                norm,
-                lm_head,
-            },
-            dtype,
-            max_seq_len,
-            opts,
-            device,
-        )
+        let parts = Parts::load(&ld, cfg.clone(), quant.clone(), &rope)?;
+        Self::assemble(parts, dtype, max_seq_len, opts, device)
     }
 
     /// The model from its modules: makes the KV caches of `opts` for `max_seq_len` tokens.
