@@ -36,6 +36,7 @@
 #include "ultraquant.cuh"
 #include "kv_common.cuh"
 #include "kv_attention.cuh"
+#include "rope_math.cuh"  // rope_first, rope_second (shared with rope.cu)
 
 namespace {
 
@@ -129,8 +130,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                 const int i = lane + 32 * r;
                 if (i < HALF) {
                     const __nv_bfloat16 k1 = kr[i], k2 = kr[i + HALF], c = cs[i], s = sn[i];
-                    const __nv_bfloat16 y1 = __hsub_rn(__hmul_rn(k1, c), __hmul_rn(k2, s));
-                    const __nv_bfloat16 y2 = __hadd_rn(__hmul_rn(k1, s), __hmul_rn(k2, c));
+                    const __nv_bfloat16 y1 = cfp4::rope_first(k1, k2, c, s);
+                    const __nv_bfloat16 y2 = cfp4::rope_second(k1, k2, c, s);
                     const __nv_bfloat16 v1 = vr[i], v2 = vr[i + HALF];
                     newk[r] = uint32_t(__bfloat16_as_ushort(y1)) | (uint32_t(__bfloat16_as_ushort(y2)) << 16);
                     newv[r] = uint32_t(__bfloat16_as_ushort(v1)) | (uint32_t(__bfloat16_as_ushort(v2)) << 16);
@@ -160,8 +161,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                 // rope.cu's arithmetic, bit for bit
                 const int i = d < HALF ? d : d - HALF;
                 const __nv_bfloat16 x1 = row[i], x2 = row[i + HALF], c = cs[i], s = sn[i];
-                x = __bfloat162float(d < HALF ? __hsub_rn(__hmul_rn(x1, c), __hmul_rn(x2, s))
-                                              : __hadd_rn(__hmul_rn(x1, s), __hmul_rn(x2, c)));
+                x = __bfloat162float(d < HALF ? cfp4::rope_first(x1, x2, c, s) : cfp4::rope_second(x1, x2, c, s));
             } else {
                 x = __bfloat162float(row[d]);
             }

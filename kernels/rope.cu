@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "rope.cuh"
+#include "rope_math.cuh"
 
 // Wide CTAs: the row's last CTA covers up to 1024 k/v pairs (8 KV heads of 128) in one pass.
 constexpr int ROPE_THREADS = 1024;
@@ -44,8 +45,8 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) cfp4_qkv_rope(const _
         y2 = x2;
         if (h < p.rot_heads) {
             const __nv_bfloat16 c = cos[i], s = sin[i];
-            y1 = __hsub_rn(__hmul_rn(x1, c), __hmul_rn(x2, s));
-            y2 = __hadd_rn(__hmul_rn(x1, s), __hmul_rn(x2, c));
+            y1 = cfp4::rope_first(x1, x2, c, s);
+            y2 = cfp4::rope_second(x1, x2, c, s);
         }
         y[h * p.d + i] = y1;
         y[h * p.d + i + half] = y2;

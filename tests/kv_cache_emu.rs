@@ -175,6 +175,11 @@ fn kernels_match_cpu_under_emulation() {
         include_str!("../kernels/ultraquant.cuh"),
     )
     .unwrap();
+    std::fs::write(
+        dir.join("rope_math.cuh"),
+        include_str!("../kernels/rope_math.cuh"),
+    )
+    .unwrap();
     std::fs::write(dir.join("emu.h"), include_str!("kv_cache_emu/emu.h")).unwrap();
     std::fs::write(
         dir.join("nvfp4_decode.cuh"),

@@ -4,7 +4,7 @@
 //! the cache's [`AttnPlan`] (made once); a call does arithmetic, checks its storages and
 //! launches.
 
-use super::cuda::check_slots;
+use super::cuda::{check_slots, launch_lens_update};
 use super::ops::{range, ExactWindow, KvAttention};
 use super::plan::{AttnKernel, AttnPlan};
 use super::shape::{ring_first_default, KvCacheKind};
@@ -367,14 +367,7 @@ pub(crate) fn kv_attention_cuda(
             value: 1,
             add: 1,
         };
-        let l = Launch {
-            grid: (sh.batch.div_ceil(32) as u32, 1, 1),
-            block: 32,
-            cluster: 1,
-            pdl: plan.sm90,
-            smem: 0,
-        };
-        unsafe { launch(&stream, &plan.lens_update, l, &lp_)? };
+        unsafe { launch_lens_update(&stream, plan, &lp_)? };
     }
     drop((_g0, _g1, _g2));
     Ok((

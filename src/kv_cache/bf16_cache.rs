@@ -188,7 +188,7 @@ impl Bf16Cache {
             )
         }
         check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
-        let rope_append = rope_append(WHAT, rope, positions, &mut self.lens)?;
+        let rope_append = rope_append(WHAT, rope, positions, &self.lens)?;
         let max_len = if capacity_splits {
             sh.capacity
         } else {
@@ -207,6 +207,8 @@ impl Bf16Cache {
         let out = qkv
             .contiguous()?
             .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)?;
+        // Only now: a call that failed before its launch leaves the flag set.
+        self.lens.clear_written();
         for n in &mut self.lens.host {
             *n += 1;
         }
@@ -306,7 +308,7 @@ fn rope_append(
     what: &str,
     rope: &QkvRope,
     positions: &Tensor,
-    lens: &mut Lengths,
+    lens: &Lengths,
 ) -> Result<super::ops::RopeAppend> {
     let Some((cos, sin, max_pos)) = rope.cuda_tables() else {
         bail!("{what}: the rope's tables are not on a GPU")
@@ -316,7 +318,7 @@ fn rope_append(
         cos,
         sin,
         max_pos,
-        pdl: !lens.take_written(),
+        pdl: !lens.written(),
     })
 }
 
@@ -326,7 +328,7 @@ fn rope_append(
     what: &str,
     _rope: &QkvRope,
     _positions: &Tensor,
-    _lens: &mut Lengths,
+    _lens: &Lengths,
 ) -> Result<super::ops::RopeAppend> {
     bail!("{what}: runs on CUDA only (built without the cuda feature)")
 }

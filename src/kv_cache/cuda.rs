@@ -10,7 +10,7 @@ use crate::cuda::{launch, Launch};
 use crate::kernel_params::{KvAppendParams, KvLensParams, UqReadParams, UqStoreParams};
 use crate::ultraquant::{slot_size, DEFAULT_CONSTANT_C};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::{bail, CudaStorage, Layout, Result, Shape, Storage};
 use half::bf16;
 
@@ -68,14 +68,28 @@ pub(crate) fn lens_update_cuda(
         value: value as i32,
         add: i32::from(add),
     };
+    unsafe { launch_lens_update(&stream, plan, &p) }
+}
+
+/// Launches `cfp4_kv_lens_update` over `p.n_seq` lengths (one thread each; with PDL it
+/// waits on the device for the kernel before it).
+///
+/// # Safety
+/// As [`launch`]: `p.lens` must be valid for `p.seq_base + p.n_seq` lengths until the
+/// launch is queued.
+pub(super) unsafe fn launch_lens_update(
+    stream: &CudaStream,
+    plan: &AttnPlan,
+    p: &KvLensParams,
+) -> Result<()> {
     let l = Launch {
-        grid: (n_seq.div_ceil(32) as u32, 1, 1),
+        grid: ((p.n_seq.max(0) as usize).div_ceil(32) as u32, 1, 1),
         block: 32,
         cluster: 1,
         pdl: plan.sm90,
         smem: 0,
     };
-    unsafe { launch(&stream, &plan.lens_update, l, &p) }
+    launch(stream, &plan.lens_update, l, p)
 }
 
 /// The decode append ([`KvAppend`]): one launch, rows from the device lengths.

@@ -11,8 +11,8 @@ pub(crate) struct Lengths {
     pub host: Vec<usize>,
     pub dev: Tensor,
     /// A host call wrote the device lengths (and with them, the cache's rows) since the
-    /// last [`take_written`](Self::take_written): the next fused decode attention must not
-    /// read them before the previous kernel has finished (no PDL).
+    /// last fused decode attention was queued ([`clear_written`](Self::clear_written)): the
+    /// next one must not read them before the previous kernel has finished (no PDL).
     written: bool,
 }
 
@@ -36,11 +36,17 @@ impl Lengths {
         })
     }
 
-    /// Whether a host call wrote the device lengths since the last call of this (see
-    /// `written`); clears it.
+    /// Whether a host call wrote the device lengths since the last fused decode attention
+    /// was queued (see `written`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn take_written(&mut self) -> bool {
-        std::mem::replace(&mut self.written, false)
+    pub(crate) fn written(&self) -> bool {
+        self.written
+    }
+
+    /// A fused decode attention was queued: the writes before it are ordered (it launched
+    /// without PDL, or none was pending).
+    pub(crate) fn clear_written(&mut self) {
+        self.written = false;
     }
 
     fn update(
