@@ -16,6 +16,7 @@
 //!   (the decode step's one kernel for it).
 //! * [`kv_cache`]: per-layer KV caches (UltraQuant FP4 or BF16, one enum) with decode
 //!   attention (CPU reference, CUDA split-KV flash decoding).
+//! * [`tensor_parallel`]: Megatron-style layer sharding over ranks and CPU collectives.
 
 pub mod checkpoint;
 #[cfg(feature = "cuda")]
@@ -33,6 +34,7 @@ pub mod quant_config;
 pub mod quant_linear;
 pub mod rope;
 pub mod tables;
+pub mod tensor_parallel;
 #[cfg(feature = "cuda")]
 pub mod timing;
 pub mod ultraquant;

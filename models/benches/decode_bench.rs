@@ -36,6 +36,14 @@ const LLAMA_8B: &str = r#"{"model_type": "llama", "hidden_size": 4096, "intermed
  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
 
+const LLAMA_70B: &str = r#"{"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+ "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+ "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "bos_token_id": 128000,
+ "eos_token_id": 128001,
+ "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}"#;
+
 const SMOLLM2: &str = r#"{"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
  "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
  "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
@@ -89,17 +97,7 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         seed: 42,
     };
     let mut m = Llama::random(cfg, spec, &opts, dev).with_context(|| c.name.clone())?;
-    m.bench_set_sequence_lens(&vec![c.ctx - 1; c.batch])?;
-    m.decode_greedy(Some(&vec![1u32; c.batch]))?;
-    for _ in 0..6 {
-        m.decode_greedy(None)?;
-    }
-    let mut t = Vec::with_capacity(STEPS);
-    for _ in 0..STEPS {
-        let s = Instant::now();
-        m.decode_greedy(None)?;
-        t.push(s.elapsed());
-    }
+    let t = time_steps(&mut m, c.ctx, c.batch)?;
     if std::env::var_os("CFP4_DECODE_TRACE").is_some() {
         trace_one_step(&mut m, dev)?;
     }
@@ -109,6 +107,82 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         step: median(t),
         batch: c.batch,
         bytes: m.weight_bytes() + kv,
+    })
+}
+
+/// The wall times of `STEPS` greedy steps at context `ctx` after the warm-up (one eager
+/// step, the graph recorded at the next, 5 more).
+fn time_steps(m: &mut Llama, ctx: usize, batch: usize) -> Result<Vec<Duration>> {
+    m.bench_set_sequence_lens(&vec![ctx - 1; batch])?;
+    m.decode_greedy(Some(&vec![1u32; batch]))?;
+    for _ in 0..6 {
+        m.decode_greedy(None)?;
+    }
+    let mut t = Vec::with_capacity(STEPS);
+    for _ in 0..STEPS {
+        let s = Instant::now();
+        m.decode_greedy(None)?;
+        t.push(s.elapsed());
+    }
+    Ok(t)
+}
+
+/// The options of a batch-1 graph row at context `ctx`, GEMVs with PDL.
+fn row_opts(kv: KvCacheKind, ctx: usize) -> LoadOptions {
+    LoadOptions {
+        kv_cache: kv,
+        max_seq_len: Some(ctx + STEPS + 16),
+        batch: 1,
+        cuda_graph: true,
+        knobs: candle_fp4::knobs::Knobs {
+            gemv: candle_fp4::knobs::GemvKnobs::with_pdl(true),
+            ..Default::default()
+        },
+        ..LoadOptions::default()
+    }
+}
+
+/// The 70B-shaped NVFP4 model at batch 1, context 512, tensor parallel over `ranks` GPUs
+/// (cuda:0..ranks, a thread and an NCCL rank each; every rank draws its own shard at
+/// random on its GPU, [`Llama::random_rank`]). The row's bytes are one rank's (weights and
+/// KV cache), against one GPU's copy bandwidth. One rank runs NCCL's all-reduce too (a
+/// one-rank sum), so the row measures what the collectives cost inside the graph.
+#[cfg(feature = "nccl")]
+fn tensor_parallel_row(ranks: usize, ctx: usize) -> Result<Row> {
+    use candle_fp4::tensor_parallel::{AllReduce, NcclGroup, NcclId, Shard};
+    let id = NcclId::new()?;
+    let name = format!("70b nvfp4 b1 ctx{ctx} tp{ranks} (nccl)");
+    let rows = std::thread::scope(|s| {
+        let hs: Vec<_> = Shard::all(ranks)?
+            .into_iter()
+            .map(|shard| {
+                s.spawn(move || -> Result<(Duration, usize)> {
+                    let dev = Device::new_cuda(shard.rank())?;
+                    let g: std::sync::Arc<dyn AllReduce> =
+                        std::sync::Arc::new(NcclGroup::new(&dev, shard, id)?);
+                    let cfg = LlamaConfig::from_json_str(LLAMA_70B, "70b")?;
+                    let spec = RandomSpec {
+                        nvfp4: true,
+                        seed: 42 + shard.rank() as u64,
+                    };
+                    let opts = row_opts(KvCacheKind::Bf16, ctx);
+                    let mut m = Llama::random_rank(cfg, spec, &opts, &dev, g)?;
+                    let t = time_steps(&mut m, ctx, 1)?;
+                    Ok((median(t), m.weight_bytes() + m.kv_bytes_per_token() * ctx))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a rank panicked"))?)
+            .collect::<Result<Vec<_>>>()
+    })
+    .with_context(|| name.clone())?;
+    let (step, bytes) = rows[0];
+    Ok(Row {
+        name,
+        step,
+        batch: 1,
+        bytes,
     })
 }
 
@@ -254,6 +328,7 @@ fn cases() -> Vec<Case> {
     add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true, true);
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
     add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);
+    add("70b nvfp4", LLAMA_70B, true, Bf16, 512, 1, true, true);
     v
 }
 
@@ -275,6 +350,21 @@ fn main() -> Result<()> {
                 rows.push(r)
             }
             Err(e) => eprintln!("{}: FAILED: {e:#}", c.name),
+        }
+    }
+    // CFP4_DECODE_TP=N (feature `nccl`): the 70B row tensor parallel over 1 (NCCL's
+    // one-rank sum in the graph) and N GPUs.
+    #[cfg(feature = "nccl")]
+    if let Ok(n) = std::env::var("CFP4_DECODE_TP") {
+        let n: usize = n.parse().context("CFP4_DECODE_TP must be a GPU count")?;
+        for ranks in if n > 1 { vec![1, n] } else { vec![1] } {
+            match tensor_parallel_row(ranks, 512) {
+                Ok(r) => {
+                    eprintln!("{}: {:.3} ms/step", r.name, r.step.as_secs_f64() * 1e3);
+                    rows.push(r)
+                }
+                Err(e) => eprintln!("70b tp{ranks}: FAILED: {e:#}"),
+            }
         }
     }
     if "candle-transformers".contains(&only) || only.is_empty() {

@@ -88,6 +88,11 @@ struct Args {
     /// Threads for the CPU (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Tensor parallel over this many GPUs (cuda:0..N, one thread and one NCCL rank
+    /// each; needs the `nccl` feature): q|k|v and gate|up split by columns, o_proj and
+    /// down_proj by rows with an all-reduce after each, KV heads split.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
 }
 
 /// Most CPU threads `--threads` accepts.
@@ -134,12 +139,97 @@ fn run(args: Args) -> Result<()> {
     // The batched step (device-side positions, a CUDA graph) on CUDA unless turned off; the
     // token-by-token forward otherwise (and always on the CPU, where there is no graph).
     let graph = device.is_cuda() && !args.no_cuda_graph;
+    if args.tp == 0 || (args.tp > 1 && !device.is_cuda()) {
+        return Err(ConfigError::BadOption {
+            option: "--tp".into(),
+            value: args.tp.to_string(),
+            expected: "at least 1, and above 1 only with --device cuda (ranks on cuda:0..N)".into(),
+        }
+        .into());
+    }
+    if args.tp > 1 {
+        return tensor_parallel(&args, &dir, &opts, graph);
+    }
     let t0 = Instant::now();
     let mut model = Llama::load(&dir, &device, &opts)?;
-    let tok = TextTokenizer::from_dir(&dir, model.config())?;
+    generate(&args, &dir, &mut model, graph, t0, true)
+}
+
+/// `--tp N`: rank r on cuda:r in its own thread, the ranks joined by NCCL; every rank runs
+/// the same generation (the same logits after each all-reduce, so the same tokens), rank
+/// 0 prints.
+#[cfg(feature = "nccl")]
+fn tensor_parallel(
+    args: &Args,
+    dir: &std::path::Path,
+    opts: &LoadOptions,
+    graph: bool,
+) -> Result<()> {
+    use candle_fp4::tensor_parallel::{AllReduce, NcclGroup, NcclId, Shard};
+    let id = NcclId::new()?;
+    let shards = Shard::all(args.tp)?;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = shards
+            .into_iter()
+            .map(|shard| {
+                s.spawn(move || -> Result<()> {
+                    let t0 = Instant::now();
+                    let device = candle_core::Device::new_cuda(shard.rank())?;
+                    let group: std::sync::Arc<dyn AllReduce> =
+                        std::sync::Arc::new(NcclGroup::new(&device, shard, id)?);
+                    let mut model = Llama::load_sharded(dir, &device, opts, group)?;
+                    generate(args, dir, &mut model, graph, t0, shard.is_first())
+                })
+            })
+            .collect();
+        let mut first_err = None;
+        for (r, h) in hs.into_iter().enumerate() {
+            let res = h
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {r} panicked")));
+            if let (Err(e), None) = (res, &first_err) {
+                first_err = Some(e.context(format!("tensor-parallel rank {r}")));
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
+#[cfg(not(feature = "nccl"))]
+fn tensor_parallel(args: &Args, _: &std::path::Path, _: &LoadOptions, _: bool) -> Result<()> {
+    Err(ConfigError::BadOption {
+        option: "--tp".into(),
+        value: args.tp.to_string(),
+        expected:
+            "1: this build has no NCCL (build with the `nccl` feature for tensor parallelism)"
+                .into(),
+    }
+    .into())
+}
+
+/// Generates from `args.prompt` with `model` (loaded from `dir`, `t0` when loading began);
+/// `print`: stream the text and the speeds (rank 0 of a tensor-parallel group).
+fn generate(
+    args: &Args,
+    dir: &std::path::Path,
+    model: &mut Llama,
+    graph: bool,
+    t0: Instant,
+    print: bool,
+) -> Result<()> {
+    let tok = TextTokenizer::from_dir(dir, model.config())?;
     let (nq, nl) = model.nvfp4_layer_count();
-    eprintln!(
-        "loaded {} in {:.2}s: {} layers, {nq}/{nl} linears NVFP4, KV cache {} ({} B/token), {:?} activations on {}{}",
+    let tp = if args.tp > 1 {
+        format!(
+            ", tensor parallel over {} GPUs (this rank's shard)",
+            args.tp
+        )
+    } else {
+        String::new()
+    };
+    if print {
+        eprintln!(
+        "loaded {} in {:.2}s: {} layers, {nq}/{nl} linears NVFP4, KV cache {} ({} B/token), {:?} activations on {}{}{tp}",
         dir.display(),
         t0.elapsed().as_secs_f64(),
         model.config().num_hidden_layers,
@@ -149,7 +239,8 @@ fn run(args: Args) -> Result<()> {
         args.device,
         if graph { ", decode as a CUDA graph" } else { "" },
     );
-    if !args.raw && tok.template.is_none() {
+    }
+    if print && !args.raw && tok.template.is_none() {
         eprintln!(
             "note: {} — sending the prompt as plain text",
             if tok.unknown_template {
@@ -196,8 +287,10 @@ fn run(args: Args) -> Result<()> {
             .step(next)
             .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?
         {
-            out.write_all(text.as_bytes())?;
-            out.flush()?;
+            if print {
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+            }
         }
         if generated >= args.max_tokens {
             break;
@@ -229,6 +322,9 @@ fn run(args: Args) -> Result<()> {
         decode_steps += 1;
     }
     let decode_s = t_decode.elapsed().as_secs_f64();
+    if !print {
+        return Ok(());
+    }
     writeln!(out)?;
     drop(out);
     eprintln!("[stopped: {stop_reason}]");

@@ -7,8 +7,10 @@ use crate::config::LlamaConfig;
 use crate::kv_cache::LayerCache;
 use crate::rope::Rope;
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::{self as tp, AllReduce, HeadSplit};
+use std::sync::Arc;
 
 /// One layer's self-attention (`model.layers.{i}.self_attn`).
 #[derive(Debug)]
@@ -20,6 +22,8 @@ pub struct Attention {
     kv_heads: usize,
     head_dim: usize,
     dtype: DType,
+    /// Tensor parallel: the sum over the ranks after o_proj (row-parallel).
+    reduce: Option<Arc<dyn AllReduce>>,
 }
 
 impl Attention {
@@ -60,6 +64,7 @@ impl Attention {
             kv_heads: nkv,
             head_dim: hd,
             dtype: ld.dtype,
+            reduce: None,
         })
     }
 
@@ -92,7 +97,58 @@ impl Attention {
             kv_heads: nkv,
             head_dim: hd,
             dtype,
+            reduce: None,
         })
+    }
+
+    /// Rank `split.shard()`'s part on `device` (Megatron): q|k|v column-parallel by
+    /// heads (the rank's whole GQA groups), o_proj row-parallel, its output summed over
+    /// the ranks by `reduce`; `rope` on `device`.
+    pub(super) fn shard(
+        &self,
+        split: &HeadSplit,
+        reduce: Arc<dyn AllReduce>,
+        rope: &Rope,
+        device: &Device,
+    ) -> Result<Self> {
+        let hd = self.head_dim;
+        let want = [self.heads * hd, self.kv_heads * hd, self.kv_heads * hd];
+        if split.qkv_members() != want || split.head_dim() != hd {
+            bail!(
+                "Attention::shard: the split's q|k|v rows {:?} (head_dim {}) are not the layer's {want:?} (head_dim {hd})",
+                split.qkv_members(),
+                split.head_dim()
+            )
+        }
+        let shard = split.shard();
+        let (nh, nkv) = (split.heads(), split.kv_heads());
+        Ok(Self {
+            qkv: self
+                .qkv
+                .shard_columns(&split.qkv_members(), shard, device)?,
+            o: tp::row_parallel(&self.o, shard, device)?,
+            rope: rope.clone(),
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: self.head_dim,
+            dtype: self.dtype,
+            reduce: Some(reduce),
+        })
+    }
+
+    /// Sums o_proj's output over the ranks with `reduce` (a layer whose weights are
+    /// already a rank's shard, e.g. drawn at random in the rank's shapes).
+    pub(super) fn set_reduce(&mut self, reduce: Arc<dyn AllReduce>) {
+        self.reduce = Some(reduce);
+    }
+
+    /// o_proj, then (tensor parallel) the sum over the ranks.
+    fn o_out(&self, y: &Tensor) -> candle_core::Result<Tensor> {
+        let a = self.o.forward(y)?;
+        match &self.reduce {
+            Some(r) => r.all_reduce(&a),
+            None => Ok(a),
+        }
     }
 
     /// Whether q/k/v carry a bias.
@@ -188,7 +244,7 @@ impl Attention {
                 // One kernel rotates q and k and stores k and v in the cache.
                 let y = cache.decode_batch_rope(f, qkv, positions, for_graph)?;
                 let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
-                return self.o.forward(&y);
+                return self.o_out(&y);
             }
         }
         let (q, k, v) = match self.rope.fused() {
@@ -219,7 +275,7 @@ impl Attention {
             for_graph,
         )?; // [b, nh, hd] BF16
         let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
-        self.o.forward(&y)
+        self.o_out(&y)
     }
 
     /// [`forward`](Self::forward), reporting the inputs of q/k/v ([`Site::Qkv`]) and
@@ -257,7 +313,7 @@ impl Attention {
             let y = cache.decode(&k, &v, &q)?; // [nh, hd] BF16
             let y = y.reshape((1, nh * hd))?.to_dtype(self.dtype)?;
             hook(Site::O, &y)?;
-            return self.o.forward(&y);
+            return self.o_out(&y);
         }
         let (ka, va) = cache.prefill(&k, &v)?; // [nkv, l, hd] BF16
         let l = ka.dim(1)?;
@@ -280,6 +336,6 @@ impl Attention {
             .transpose(0, 1)?
             .reshape((t, nh * hd))?;
         hook(Site::O, &y)?;
-        self.o.forward(&y)
+        self.o_out(&y)
     }
 }

@@ -9,8 +9,10 @@ use crate::config::LlamaConfig;
 use crate::kv_cache::LayerCache;
 use crate::rope::Rope;
 use anyhow::{bail, Result};
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::{AllReduce, HeadSplit};
+use std::sync::Arc;
 
 /// A decoder layer (`model.layers.{i}`).
 #[derive(Debug)]
@@ -65,6 +67,33 @@ impl Block {
             mlp_norm: RmsNorm::new(mlp_norm, eps)?,
             mlp,
         })
+    }
+
+    /// Rank `split.shard()`'s part of the layer on `device`: attention and MLP sharded
+    /// ([`Attention::shard`], [`Mlp::shard`]), the norms replicated.
+    pub(super) fn shard(
+        &self,
+        split: &HeadSplit,
+        reduce: Arc<dyn AllReduce>,
+        rope: &Rope,
+        device: &Device,
+    ) -> Result<Self> {
+        let norm = |n: &RmsNorm| -> Result<RmsNorm> {
+            RmsNorm::new(n.weight().to_device(device)?, n.eps())
+        };
+        Ok(Self {
+            attn_norm: norm(&self.attn_norm)?,
+            attn: self.attn.shard(split, reduce.clone(), rope, device)?,
+            mlp_norm: norm(&self.mlp_norm)?,
+            mlp: self.mlp.shard(split.shard(), reduce, device)?,
+        })
+    }
+
+    /// Sums the o_proj and down_proj outputs over the ranks with `reduce` (the layer's
+    /// weights already being a rank's shard).
+    pub(super) fn set_reduce(&mut self, reduce: Arc<dyn AllReduce>) {
+        self.attn.set_reduce(reduce.clone());
+        self.mlp.set_reduce(reduce);
     }
 
     /// The layer over `x` `[t, hidden]` at positions `pos..pos + t` (`mask`: the causal

@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::{self as tp, Shard};
 
 /// Where the modules' `load` functions read their weights from (what candle's
 /// `VarBuilder` is to candle-transformers).
@@ -121,6 +122,25 @@ impl FusedLinear {
             Self::One(l) => vec![l],
             Self::Split(ls) => ls.iter_mut().collect(),
         }
+    }
+
+    /// Rank `shard`'s column-parallel part on `device`: a fused layer split member by
+    /// member (`members`: the unsharded member row counts, e.g. q, k, v), separate layers
+    /// each split on its own (member `i` of them is `members[i]` rows).
+    pub(super) fn shard_columns(
+        &self,
+        members: &[usize],
+        shard: Shard,
+        device: &Device,
+    ) -> Result<Self> {
+        Ok(match self {
+            Self::One(l) => Self::One(tp::fused_column_parallel(l, members, shard, device)?),
+            Self::Split(ls) => Self::Split(
+                ls.iter()
+                    .map(|l| tp::column_parallel(l, shard, device))
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+            ),
+        })
     }
 
     /// Output features (all members).

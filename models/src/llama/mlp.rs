@@ -4,14 +4,18 @@ use super::capture::{LinearInputs, Site};
 use super::linear::{check_dims, rebiased, FusedLinear, Loader};
 use crate::config::LlamaConfig;
 use anyhow::{bail, Context, Result};
-use candle_core::{Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::{self as tp, AllReduce, Shard};
+use std::sync::Arc;
 
 /// One layer's MLP (`model.layers.{i}.mlp`).
 #[derive(Debug)]
 pub struct Mlp {
     gate_up: FusedLinear,
     down: QuantLinear,
+    /// Tensor parallel: the sum over the ranks after down_proj (row-parallel).
+    reduce: Option<Arc<dyn AllReduce>>,
 }
 
 impl Mlp {
@@ -39,7 +43,11 @@ impl Mlp {
             h,
             cfg.intermediate_size,
         )?;
-        Ok(Self { gate_up, down })
+        Ok(Self {
+            gate_up,
+            down,
+            reduce: None,
+        })
     }
 
     /// An MLP from its fused `gate|up` layer (`[2·intermediate, hidden]`, gate rows first)
@@ -59,7 +67,40 @@ impl Mlp {
         Ok(Self {
             gate_up: FusedLinear::One(gate_up),
             down,
+            reduce: None,
         })
+    }
+
+    /// Rank `shard`'s part on `device` (Megatron): gate|up column-parallel as
+    /// `[gate_r | up_r]` (the `silu_mul` epilogue stays), down_proj row-parallel, its output
+    /// summed over the ranks by `reduce`.
+    pub(super) fn shard(
+        &self,
+        shard: Shard,
+        reduce: Arc<dyn AllReduce>,
+        device: &Device,
+    ) -> Result<Self> {
+        let inter = self.down.in_features();
+        Ok(Self {
+            gate_up: self.gate_up.shard_columns(&[inter, inter], shard, device)?,
+            down: tp::row_parallel(&self.down, shard, device)?,
+            reduce: Some(reduce),
+        })
+    }
+
+    /// Sums down_proj's output over the ranks with `reduce` (see
+    /// [`Attention::set_reduce`](super::attention::Attention)).
+    pub(super) fn set_reduce(&mut self, reduce: Arc<dyn AllReduce>) {
+        self.reduce = Some(reduce);
+    }
+
+    /// down_proj, then (tensor parallel) the sum over the ranks.
+    fn down_out(&self, m: &Tensor) -> candle_core::Result<Tensor> {
+        let d = self.down.forward(m)?;
+        match &self.reduce {
+            Some(r) => r.all_reduce(&d),
+            None => Ok(d),
+        }
     }
 
     /// Whether gate/up (the first of them) and down_proj all carry a bias.
@@ -111,7 +152,7 @@ impl Mlp {
         norm: &super::norm::RmsNorm,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         let (s, m) = self.gate_up.forward_add_norm(x, delta, norm, true)?;
-        Ok((s, self.down.forward(&m)?))
+        Ok((s, self.down_out(&m)?))
     }
 
     /// [`forward`](Self::forward), reporting the inputs of gate/up ([`Site::GateUp`]) and
@@ -124,6 +165,6 @@ impl Mlp {
         hook(Site::GateUp, x)?;
         let m = self.gate_up.forward_silu_mul(x)?;
         hook(Site::Down, &m)?;
-        self.down.forward(&m)
+        self.down_out(&m)
     }
 }

@@ -49,7 +49,9 @@ use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::AllReduce;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Rows of hidden states sent through `lm_head` at once by [`Llama::forward_all`].
 pub const MAX_LOGIT_ROWS: usize = 32;
@@ -79,7 +81,34 @@ impl Llama {
     /// Loads a Hugging Face Llama folder (`config.json`, `model.safetensors` or a sharded
     /// index, and optionally ModelOpt's `hf_quant_config.json`) onto `device`.
     pub fn load(dir: impl AsRef<Path>, device: &Device, opts: &LoadOptions) -> Result<Self> {
-        let dir = dir.as_ref();
+        let dtype = opts.activation_dtype(device);
+        let (parts, max_seq_len) = Self::read_parts(dir.as_ref(), device, dtype, opts)?;
+        Self::assemble(parts, dtype, max_seq_len, opts, device)
+    }
+
+    /// Rank `reduce.shard()` of a tensor-parallel model (Megatron: q|k|v and gate|up
+    /// column-parallel, o_proj and down_proj row-parallel with their outputs summed over
+    /// the ranks by `reduce`, KV heads split, the rest replicated) from the folder `dir`,
+    /// read on the host and sharded onto `device`; caches for the rank's KV heads.
+    pub fn load_sharded(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        opts: &LoadOptions,
+        reduce: Arc<dyn AllReduce>,
+    ) -> Result<Self> {
+        let dtype = opts.activation_dtype(device);
+        let (full, max_seq_len) = Self::read_parts(dir.as_ref(), &Device::Cpu, dtype, opts)?;
+        let parts = full.shard(reduce, max_seq_len, dtype, device)?;
+        Self::assemble(parts, dtype, max_seq_len, opts, device)
+    }
+
+    /// The modules of the folder `dir` on `device` (activations `dtype`) and the context.
+    fn read_parts(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        opts: &LoadOptions,
+    ) -> Result<(Parts, usize)> {
         if !dir.is_dir() {
             bail!(
                 "{}: not a model folder (it does not exist or is not a directory)",
@@ -93,7 +122,6 @@ impl Llama {
         // tensors are copied into device memory before `ckpt` is dropped).
         let ckpt = unsafe { Checkpoint::open(dir) }
             .with_context(|| format!("{}: cannot open the weights", dir.display()))?;
-        let dtype = opts.activation_dtype(device);
         let max_seq_len = crate::validate::check_load(
             &cfg,
             dir,
@@ -107,11 +135,10 @@ impl Llama {
             dtype,
             device,
         };
-
         // The RoPE tables (cannot fail on a valid config) are shared by every layer.
         let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
-        let parts = Parts::load(&ld, cfg.clone(), quant.clone(), &rope)?;
-        Self::assemble(parts, dtype, max_seq_len, opts, device)
+        let parts = Parts::load(&ld, cfg, quant.clone(), &rope)?;
+        Ok((parts, max_seq_len))
     }
 
     /// The model from its modules: makes the KV caches of `opts` for `max_seq_len` tokens.
@@ -183,6 +210,19 @@ impl Llama {
         opts: &LoadOptions,
         device: &Device,
     ) -> Result<Self> {
+        Self::random_sharded(cfg, spec, opts, device, None)
+    }
+
+    /// [`random`](Self::random), or with `reduce` rank `reduce.shard()` of it sharded as
+    /// [`load_sharded`](Self::load_sharded) shards (the whole model drawn on the host, so
+    /// every rank's shard is of the same weights).
+    pub fn random_sharded(
+        cfg: LlamaConfig,
+        spec: random::RandomSpec,
+        opts: &LoadOptions,
+        device: &Device,
+        reduce: Option<Arc<dyn AllReduce>>,
+    ) -> Result<Self> {
         let dtype = opts.activation_dtype(device);
         let max_seq_len = opts
             .max_seq_len
@@ -193,8 +233,34 @@ impl Llama {
                 cfg.max_position_embeddings
             )
         }
-        let parts = random::random_parts(cfg, spec, dtype, max_seq_len, device)?;
+        let parts =
+            match reduce {
+                None => random::random_parts(cfg, spec, dtype, max_seq_len, device)?,
+                // Every rank draws the whole model on the host (the same seed, so the same
+                // weights) and keeps its shard.
+                Some(r) => random::random_parts(cfg, spec, dtype, max_seq_len, &Device::Cpu)?
+                    .shard(r, max_seq_len, dtype, device)?,
+            };
         Self::assemble(parts, dtype, max_seq_len, opts, device)
+    }
+
+    /// Rank `reduce.shard()` of a tensor-parallel model of `cfg`'s shapes whose shard is
+    /// drawn directly on `device` ([`random`](Self::random) in the rank's shapes, its own
+    /// weights, not a slice of one model's: for benchmarks of models that do not fit the
+    /// host), summing its o_proj and down_proj outputs over the ranks with `reduce`.
+    pub fn random_rank(
+        cfg: LlamaConfig,
+        spec: random::RandomSpec,
+        opts: &LoadOptions,
+        device: &Device,
+        reduce: Arc<dyn AllReduce>,
+    ) -> Result<Self> {
+        let (local, _) = Parts::rank_config(&cfg, reduce.shard())?;
+        let mut m = Self::random(local, spec, opts, device)?;
+        for b in &mut m.blocks {
+            b.set_reduce(reduce.clone());
+        }
+        Ok(m)
     }
 
     /// The model's configuration.

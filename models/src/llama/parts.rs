@@ -6,9 +6,11 @@ use super::linear::{self, Loader};
 use crate::config::LlamaConfig;
 use crate::rope::Rope;
 use anyhow::{bail, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::{self as tp, AllReduce, HeadSplit, Shard};
+use std::sync::Arc;
 
 /// The modules of a model, before its KV caches are made ([`Llama::assemble`]).
 pub(crate) struct Parts {
@@ -72,6 +74,61 @@ impl Parts {
             embed,
             blocks,
             norm,
+            lm_head,
+        })
+    }
+}
+
+impl Parts {
+    /// The config of rank `shard`'s part of a model of `cfg` (its share of the heads, KV
+    /// heads and intermediate size) and the split of its attention.
+    pub(crate) fn rank_config(cfg: &LlamaConfig, shard: Shard) -> Result<(LlamaConfig, HeadSplit)> {
+        let split = HeadSplit::new(
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            shard,
+        )?;
+        let mut c = cfg.clone();
+        c.num_attention_heads = split.heads();
+        c.num_key_value_heads = split.kv_heads();
+        c.intermediate_size = shard.per_rank("intermediate_size", cfg.intermediate_size)?;
+        Ok((c, split))
+    }
+
+    /// Rank `reduce.shard()`'s part of the model on `device` (tensor parallel, Megatron):
+    /// each layer's q|k|v and gate|up column-parallel, o_proj and down_proj row-parallel
+    /// with their outputs summed over the ranks by `reduce`; embeddings, norms and
+    /// `lm_head` replicated. The rank's config has its share of the heads, KV heads and
+    /// intermediate size (what its KV caches, RoPE kernel and plans are made for), RoPE
+    /// tables for `max_seq_len` positions in `dtype`.
+    pub(crate) fn shard(
+        &self,
+        reduce: Arc<dyn AllReduce>,
+        max_seq_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let c = &self.cfg;
+        let (cfg, split) = Self::rank_config(c, reduce.shard())?;
+        let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| b.shard(&split, reduce.clone(), &rope, device))
+            .collect::<Result<Vec<_>>>()?;
+        let embed = self.embed.to_device(device)?;
+        let lm_head = if c.tie_word_embeddings {
+            QuantLinear::from_bf16(embed.clone(), None)?
+        } else {
+            tp::replicate(&self.lm_head, device)?
+        };
+        Ok(Self {
+            cfg,
+            quant: self.quant.clone(),
+            embed,
+            blocks,
+            norm: self.norm.to_device(device)?,
             lm_head,
         })
     }

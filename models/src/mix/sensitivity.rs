@@ -71,14 +71,24 @@ fn load_weight(ckpt: &Checkpoint, name: &str) -> Result<(Vec<f32>, usize, usize)
 /// Mean KL(reference || model) over the rows of `logits` against the stored reference
 /// log-probabilities.
 fn mean_kl(reference: &[Vec<f32>], logits: &Tensor) -> Result<(f64, usize)> {
+    use rayon::prelude::*;
     let q = logits.to_vec2::<f32>()?;
     if q.len() != reference.len() {
         bail!("sensitivity: {} rows against {}", q.len(), reference.len());
     }
+    // The rows on all cores (a vocabulary-wide log-softmax and KL each), summed in row
+    // order afterwards: the same sum, bit for bit, as a sequential loop.
+    let per_row = reference
+        .par_iter()
+        .zip(q.par_iter())
+        .map(|(r, row)| -> Result<f64> {
+            let lp: Vec<f64> = r.iter().map(|&v| v as f64).collect();
+            Ok(kl_divergence(&lp, &log_softmax(row)?)?)
+        })
+        .collect::<Result<Vec<f64>>>()?;
     let mut sum = 0.0;
-    for (r, row) in reference.iter().zip(&q) {
-        let lp: Vec<f64> = r.iter().map(|&v| v as f64).collect();
-        sum += kl_divergence(&lp, &log_softmax(row)?)?;
+    for v in per_row {
+        sum += v;
     }
     Ok((sum, q.len()))
 }
@@ -135,46 +145,64 @@ pub fn measure_sensitivity(
     let groups = llama_groups(layers);
     let total = groups.len();
     let mut out = Vec::with_capacity(total);
-    for (done, (i, site, modules)) in groups.into_iter().enumerate() {
-        let ws = modules
-            .iter()
-            .map(|p| load_weight(&ckpt, &format!("{p}.weight")))
-            .collect::<Result<Vec<_>>>()?;
-        let qs = quantize_group(&ws)?;
-        let quantized = qs
-            .iter()
-            .map(|q| QuantLinear::from_nvfp4(q, None, &Device::Cpu))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        model.block_mut(i)?.set_linears(site, quantized)?;
-        let (mut kl, mut rows) = (0.0, 0usize);
-        for (per_block, lp) in inputs.iter().zip(&reference) {
-            let mut x = per_block[i].clone();
-            for j in i..layers {
-                x = model.block_output(j, &x)?;
-            }
-            let (s, n) = mean_kl(lp, &model.logits_of(&x)?)?;
-            kl += s;
-            rows += n;
-        }
-        // Back to the unquantized weights (the same BF16 values).
-        let restored = ws
-            .iter()
-            .map(|(w, n, k)| {
-                let t = Tensor::from_slice(w, (*n, *k), &Device::Cpu)?;
-                QuantLinear::from_bf16(t, None)
-            })
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        model.block_mut(i)?.set_linears(site, restored)?;
-        let (nv, bf) = ws.iter().fold((0, 0), |(a, b), (_, n, k)| {
-            (a + nvfp4_bytes(*n, *k), b + bf16_bytes(*n, *k))
-        });
-        out.push(MixCandidate {
-            modules,
-            nvfp4_bytes: nv,
-            bf16_bytes: bf,
-            sensitivity: (kl / rows.max(1) as f64).max(0.0),
-        });
+    for (done, (i, site, modules)) in groups.iter().enumerate() {
+        out.push(measure_group(
+            &mut model, &ckpt, &inputs, &reference, *i, *site, modules,
+        )?);
         on_group(done + 1, total);
     }
     Ok(out)
+}
+
+/// The sensitivity of one group (`modules`, at `site` of block `i`): quantized alone, the
+/// rest of `model` unquantized, over every window (`inputs`: each window's block inputs,
+/// `reference`: its unquantized log-probabilities); `model` is restored afterwards.
+fn measure_group(
+    model: &mut Llama,
+    ckpt: &Checkpoint,
+    inputs: &[Vec<Tensor>],
+    reference: &[Vec<Vec<f32>>],
+    i: usize,
+    site: Site,
+    modules: &[String],
+) -> Result<MixCandidate> {
+    let layers = model.config().num_hidden_layers;
+    let ws = modules
+        .iter()
+        .map(|p| load_weight(ckpt, &format!("{p}.weight")))
+        .collect::<Result<Vec<_>>>()?;
+    let qs = quantize_group(&ws)?;
+    let quantized = qs
+        .iter()
+        .map(|q| QuantLinear::from_nvfp4(q, None, &Device::Cpu))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    model.block_mut(i)?.set_linears(site, quantized)?;
+    let (mut kl, mut rows) = (0.0, 0usize);
+    for (per_block, lp) in inputs.iter().zip(reference) {
+        let mut x = per_block[i].clone();
+        for j in i..layers {
+            x = model.block_output(j, &x)?;
+        }
+        let (s, n) = mean_kl(lp, &model.logits_of(&x)?)?;
+        kl += s;
+        rows += n;
+    }
+    // Back to the unquantized weights (the same BF16 values).
+    let restored = ws
+        .iter()
+        .map(|(w, n, k)| {
+            let t = Tensor::from_slice(w, (*n, *k), &Device::Cpu)?;
+            QuantLinear::from_bf16(t, None)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    model.block_mut(i)?.set_linears(site, restored)?;
+    let (nv, bf) = ws.iter().fold((0, 0), |(a, b), (_, n, k)| {
+        (a + nvfp4_bytes(*n, *k), b + bf16_bytes(*n, *k))
+    });
+    Ok(MixCandidate {
+        modules: modules.to_vec(),
+        nvfp4_bytes: nv,
+        bf16_bytes: bf,
+        sensitivity: (kl / rows.max(1) as f64).max(0.0),
+    })
 }

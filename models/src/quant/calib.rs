@@ -119,6 +119,39 @@ impl Captured {
     }
 }
 
+/// What the capture hook of [`capture_inputs`] raises once it holds every input it was
+/// asked for: the rest of the block's forward is not needed, so it stops there.
+#[derive(Debug)]
+struct CaptureDone;
+
+impl std::fmt::Display for CaptureDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("calibration: every asked-for input captured")
+    }
+}
+
+impl std::error::Error for CaptureDone {}
+
+/// The inputs of the Linears of `sites` in block `i` of `model` over `x`, the block's
+/// forward stopped as soon as the last of them is there (the same values as a whole
+/// forward's: everything before that point runs as in it).
+fn capture_inputs(model: &mut Llama, i: usize, x: &Tensor, sites: &[Site]) -> Result<Captured> {
+    let mut cap = Captured::default();
+    let r = model.block_output_captured(i, x, &mut |site, t| {
+        if sites.contains(&site) {
+            cap.0[site.index()] = Some(t.to_dtype(DType::BF16)?);
+        }
+        if sites.iter().all(|s| cap.get(*s).is_some()) {
+            return Err(candle_core::Error::Io(std::io::Error::other(CaptureDone)));
+        }
+        Ok(())
+    });
+    match r {
+        Err(e) if candle_fp4::error::find::<CaptureDone>(e.as_ref()).is_none() => Err(e),
+        _ => Ok(cap),
+    }
+}
+
 /// Block `i` of `model` over `x`: its output and the inputs of the Linears of `sites`.
 fn capture(model: &mut Llama, i: usize, x: &Tensor, sites: &[Site]) -> Result<(Tensor, Captured)> {
     let mut cap = Captured::default();
@@ -233,7 +266,7 @@ impl Calibrator<'_, '_> {
             let mut h = None;
             let mut h_down = None;
             for x in &self.hidden {
-                let (_, cap) = capture(self.model, i, x, sites)?;
+                let cap = capture_inputs(self.model, i, x, sites)?;
                 accumulate(&mut h, cap.get(site))?;
                 if want_down {
                     accumulate(&mut h_down, cap.get(Site::Down))?;
