@@ -143,7 +143,7 @@ impl Attention {
     }
 
     /// o_proj, then (tensor parallel) the sum over the ranks.
-    fn o_out(&self, y: &Tensor) -> candle_core::Result<Tensor> {
+    pub(super) fn o_out(&self, y: &Tensor) -> candle_core::Result<Tensor> {
         let a = self.o.forward(y)?;
         match &self.reduce {
             Some(r) => r.all_reduce(&a),

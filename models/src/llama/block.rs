@@ -123,6 +123,22 @@ impl Block {
         x + self.mlp.forward_captured(&h, hook)?
     }
 
+    /// The layer's output over `x` from what its forward gives o_proj (`o_in`, the
+    /// attention heads' output) and down_proj (`down_in`, `silu(gate)·up`): the same
+    /// operations as the rest of [`forward_captured`](Self::forward_captured) after those
+    /// points, so the same bits, without recomputing the attention and gate|up (the
+    /// quantizer's calibration, which has both inputs already).
+    pub fn output_from_captured(
+        &self,
+        x: &Tensor,
+        o_in: &Tensor,
+        down_in: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let a = self.attn.o_out(o_in)?;
+        let (x, _) = self.mlp_norm.add_forward(x, Some(&a))?;
+        x + self.mlp.down_out(down_in)?
+    }
+
     /// One decode token of every sequence (see [`Attention::forward_decode`]): capturable
     /// in a CUDA graph. The residual stream arrives as `x + delta` (`x` `[batch, hidden]`,
     /// `delta` the previous layer's MLP output, `None` at the first layer) and leaves the

@@ -95,7 +95,7 @@ impl Mlp {
     }
 
     /// down_proj, then (tensor parallel) the sum over the ranks.
-    fn down_out(&self, m: &Tensor) -> candle_core::Result<Tensor> {
+    pub(super) fn down_out(&self, m: &Tensor) -> candle_core::Result<Tensor> {
         let d = self.down.forward(m)?;
         match &self.reduce {
             Some(r) => r.all_reduce(&d),

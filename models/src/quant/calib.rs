@@ -111,11 +111,17 @@ pub(super) struct GptqOutput {
 /// The inputs of a block's Linears captured in one forward, in BF16 (what the projections
 /// multiply), for the sites asked for.
 #[derive(Debug, Default)]
-struct Captured([Option<Tensor>; 4]);
+struct Captured([Option<Tensor>; 4], [Option<Tensor>; 4]);
 
 impl Captured {
     fn get(&self, site: Site) -> Option<&Tensor> {
         self.0[site.index()].as_ref()
+    }
+
+    /// The input as the forward had it (the activation dtype), for [`capture_inputs`]'s
+    /// sites.
+    fn raw(&self, site: Site) -> Option<&Tensor> {
+        self.1[site.index()].as_ref()
     }
 }
 
@@ -140,6 +146,7 @@ fn capture_inputs(model: &mut Llama, i: usize, x: &Tensor, sites: &[Site]) -> Re
     let r = model.block_output_captured(i, x, &mut |site, t| {
         if sites.contains(&site) {
             cap.0[site.index()] = Some(t.to_dtype(DType::BF16)?);
+            cap.1[site.index()] = Some(t.clone());
         }
         if sites.iter().all(|s| cap.get(*s).is_some()) {
             return Err(candle_core::Error::Io(std::io::Error::other(CaptureDone)));
@@ -253,6 +260,10 @@ impl Calibrator<'_, '_> {
         let has_down = jobs.iter().any(|(s, _)| *s == Site::Down);
         // AWQ: down_proj's input scales, folded into up_proj's rows with gate/up.
         let mut down_scale: Option<Vec<f32>> = None;
+        // Every window's o_proj and down_proj inputs as the layer's last forward would
+        // compute them (o_proj's after q|k|v were quantized, down_proj's after gate|up):
+        // with both, the layer's output needs only those two projections, not a forward.
+        let (mut o_in, mut down_in): (Vec<Tensor>, Vec<Tensor>) = (vec![], vec![]);
         for (site, g) in jobs {
             let site = *site;
             // AWQ chooses down_proj's scales with gate/up, on the Hessian of down's input
@@ -267,6 +278,11 @@ impl Calibrator<'_, '_> {
             let mut h_down = None;
             for x in &self.hidden {
                 let cap = capture_inputs(self.model, i, x, sites)?;
+                match (site, cap.raw(site)) {
+                    (Site::O, Some(t)) => o_in.push(t.clone()),
+                    (Site::Down, Some(t)) => down_in.push(t.clone()),
+                    _ => {}
+                }
                 accumulate(&mut h, cap.get(site))?;
                 if want_down {
                     accumulate(&mut h_down, cap.get(Site::Down))?;
@@ -361,8 +377,16 @@ impl Calibrator<'_, '_> {
             self.res.quantized.extend(g.iter().cloned().zip(qs));
             (self.on_group)(g);
         }
-        for x in self.hidden.iter_mut() {
-            *x = self.model.block_output(i, x)?;
+        let n = self.hidden.len();
+        if o_in.len() == n && down_in.len() == n {
+            let b = &self.model.blocks()[i];
+            for ((x, o), d) in self.hidden.iter_mut().zip(&o_in).zip(&down_in) {
+                *x = b.output_from_captured(x, o, d)?;
+            }
+        } else {
+            for x in self.hidden.iter_mut() {
+                *x = self.model.block_output(i, x)?;
+            }
         }
         Ok(())
     }
