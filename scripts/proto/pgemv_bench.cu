@@ -359,7 +359,10 @@ int main(int argc, char** argv) {
     const float gs = 0.0123f;
     int bad = 0;
     printf("\n| shape | N x K | M | warps/split | packed us | packed GB/s | %% copy | old us | packed/old |\n|---|---|---|---|---|---|---|---|---|\n");
+    // CFP4_PGEMV_ONLY=<shape name>: that shape only (for a profiler run).
+    const char* only = getenv("CFP4_PGEMV_ONLY");
     for (const Shape& s : shapes) {
+        if (only && strcmp(only, s.name) != 0) continue;
         Layer L = make_layer(s, rng);
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
         for (int m : {1, 4, 8, 16, 32}) {
