@@ -42,10 +42,8 @@ use step::{check_room, run_step, StepBuffers, StepModel};
 
 use crate::config::LlamaConfig;
 use crate::kv_cache::LayerCache;
-use crate::rope::Rope;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Module, Tensor};
-use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
@@ -82,7 +80,7 @@ impl Llama {
     /// index, and optionally ModelOpt's `hf_quant_config.json`) onto `device`.
     pub fn load(dir: impl AsRef<Path>, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let dtype = opts.activation_dtype(device);
-        let (parts, max_seq_len) = Self::read_parts(dir.as_ref(), device, dtype, opts)?;
+        let (parts, max_seq_len) = Parts::read(dir.as_ref(), device, dtype, opts)?;
         Self::assemble(parts, dtype, max_seq_len, opts, device)
     }
 
@@ -97,48 +95,9 @@ impl Llama {
         reduce: Arc<dyn AllReduce>,
     ) -> Result<Self> {
         let dtype = opts.activation_dtype(device);
-        let (full, max_seq_len) = Self::read_parts(dir.as_ref(), &Device::Cpu, dtype, opts)?;
+        let (full, max_seq_len) = Parts::read(dir.as_ref(), &Device::Cpu, dtype, opts)?;
         let parts = full.shard(reduce, max_seq_len, dtype, device)?;
         Self::assemble(parts, dtype, max_seq_len, opts, device)
-    }
-
-    /// The modules of the folder `dir` on `device` (activations `dtype`) and the context.
-    fn read_parts(
-        dir: &Path,
-        device: &Device,
-        dtype: DType,
-        opts: &LoadOptions,
-    ) -> Result<(Parts, usize)> {
-        if !dir.is_dir() {
-            bail!(
-                "{}: not a model folder (it does not exist or is not a directory)",
-                dir.display()
-            );
-        }
-        let cfg = LlamaConfig::from_dir(dir)?;
-        let quant = QuantConfig::from_dir(dir)?;
-        // SAFETY: the checkpoint files are memory-mapped read-only; like every mmap-based
-        // loader we rely on nobody rewriting them while the model is being loaded (the
-        // tensors are copied into device memory before `ckpt` is dropped).
-        let ckpt = unsafe { Checkpoint::open(dir) }
-            .with_context(|| format!("{}: cannot open the weights", dir.display()))?;
-        let max_seq_len = crate::validate::check_load(
-            &cfg,
-            dir,
-            &ckpt,
-            opts.max_seq_len,
-            opts.allow_long_context,
-        )?;
-        let ld = Loader {
-            ckpt: &ckpt,
-            quant: &quant,
-            dtype,
-            device,
-        };
-        // The RoPE tables (cannot fail on a valid config) are shared by every layer.
-        let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
-        let parts = Parts::load(&ld, cfg, quant.clone(), &rope)?;
-        Ok((parts, max_seq_len))
     }
 
     /// The model from its modules: makes the KV caches of `opts` for `max_seq_len` tokens.

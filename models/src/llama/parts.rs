@@ -3,13 +3,16 @@
 
 use super::block::Block;
 use super::linear::{self, Loader};
+use super::options::LoadOptions;
 use crate::config::LlamaConfig;
 use crate::rope::Rope;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
+use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
 use candle_fp4::tensor_parallel::{self as tp, AllReduce, HeadSplit, Shard};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The modules of a model, before its KV caches are made ([`Llama::assemble`]).
@@ -23,6 +26,46 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
+    /// The modules of the folder `dir` on `device` (activations `dtype`) and the context
+    /// (KV-cache length) `opts` asks for, checked against the config.
+    pub(crate) fn read(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        opts: &LoadOptions,
+    ) -> Result<(Parts, usize)> {
+        if !dir.is_dir() {
+            bail!(
+                "{}: not a model folder (it does not exist or is not a directory)",
+                dir.display()
+            );
+        }
+        let cfg = LlamaConfig::from_dir(dir)?;
+        let quant = QuantConfig::from_dir(dir)?;
+        // SAFETY: the checkpoint files are memory-mapped read-only; like every mmap-based
+        // loader we rely on nobody rewriting them while the model is being loaded (the
+        // tensors are copied into device memory before `ckpt` is dropped).
+        let ckpt = unsafe { Checkpoint::open(dir) }
+            .with_context(|| format!("{}: cannot open the weights", dir.display()))?;
+        let max_seq_len = crate::validate::check_load(
+            &cfg,
+            dir,
+            &ckpt,
+            opts.max_seq_len,
+            opts.allow_long_context,
+        )?;
+        let ld = Loader {
+            ckpt: &ckpt,
+            quant: &quant,
+            dtype,
+            device,
+        };
+        // The RoPE tables (cannot fail on a valid config) are shared by every layer.
+        let rope = Rope::new(&cfg, max_seq_len, dtype, device)?;
+        let parts = Parts::load(&ld, cfg, quant.clone(), &rope)?;
+        Ok((parts, max_seq_len))
+    }
+
     /// Every module of `cfg` from the checkpoint behind `ld` (embeddings, blocks, final
     /// norm, `lm_head`), each checked against `cfg`; `rope` shared by every layer.
     pub(crate) fn load(
