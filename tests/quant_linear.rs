@@ -178,15 +178,6 @@ fn bf16_layers() -> Result<()> {
     Ok(())
 }
 
-/// `silu(g)·u` from BF16 g, u in FP32, rounded once.
-fn silu_mul_ref(y: &Tensor) -> Result<Tensor> {
-    let h = y.dim(1)? / 2;
-    let g = y.narrow(1, 0, h)?.to_dtype(DType::F32)?;
-    let u = y.narrow(1, h, h)?.to_dtype(DType::F32)?;
-    let s = (&g / (g.neg()?.exp()? + 1.0)?)?;
-    (s * u)?.to_dtype(DType::BF16)
-}
-
 fn check_silu_mul(layer: &QuantLinear, bias: Option<&Tensor>, r: f32, what: &str) -> Result<()> {
     let (n2, k) = (layer.out_features(), layer.in_features());
     let h = n2 / 2;

@@ -24,12 +24,12 @@ use candle_fp4::tensor_parallel::{
     HeadSplit, Shard,
 };
 use half::bf16;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 use std::ops::Range;
 
 mod quant_linear_common;
-use quant_linear_common::{bits, quantized, rand_bias, rand_weights, rand_x, F32_U};
+use quant_linear_common::{
+    bits, f64s, float_weight, quantized, rand_bias, rand_x, silu_mul_ref, F32_U,
+};
 
 const CPU: Device = Device::Cpu;
 const MS: [usize; 3] = [1, 3, 8];
@@ -38,19 +38,6 @@ const COLUMN_MS: [usize; 4] = [1, 3, 8, 40];
 
 fn shards(ranks: usize) -> Vec<Shard> {
     Shard::all(ranks).expect("ranks > 0")
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1::<f64>())
-        .expect("a float tensor")
-}
-
-/// A seeded float weight `[n, k]` (F32).
-fn float_weight(seed: u64, n: usize, k: usize) -> Tensor {
-    let mut rng = StdRng::seed_from_u64(seed);
-    Tensor::from_vec(rand_weights(&mut rng, n, k), (n, k), &CPU).expect("shape")
 }
 
 // ---------------------------------------------------------------------------------
@@ -182,16 +169,6 @@ fn partial(
         }
     }
     [y, mag, abs]
-}
-
-/// `silu(g)·u` of a BF16 `[M, 2h]` output `[g | u]`, in FP32 from the BF16 values and
-/// rounded once (what `forward_silu_mul` computes from `forward`'s output on the CPU).
-fn silu_mul_ref(y: &Tensor) -> Result<Tensor> {
-    let h = y.dim(1)? / 2;
-    let g = y.narrow(1, 0, h)?.to_dtype(DType::F32)?;
-    let u = y.narrow(1, h, h)?.to_dtype(DType::F32)?;
-    let s = (&g / (g.neg()?.exp()? + 1.0)?)?;
-    (s * u)?.to_dtype(DType::BF16)
 }
 
 /// `got` (gathered rank outputs) against `want` (the unsharded output) where they may sum

@@ -13,26 +13,11 @@ use candle_fp4::tensor_parallel::{
     column_tensor, fused_column_nvfp4, row_nvfp4, row_parallel, row_parallel_parts, row_tensor,
     FullWeight, HeadSplit, Shard, ShardError,
 };
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 mod quant_linear_common;
-use quant_linear_common::{quantized, rand_weights};
+use quant_linear_common::{f64s, float_weight, quantized};
 
 const CPU: Device = Device::Cpu;
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1::<f64>())
-        .expect("a float tensor")
-}
-
-/// A seeded float weight `[n, k]` (F32).
-fn float_weight(seed: u64, n: usize, k: usize) -> Tensor {
-    let mut rng = StdRng::seed_from_u64(seed);
-    Tensor::from_vec(rand_weights(&mut rng, n, k), (n, k), &CPU).expect("shape")
-}
 
 /// `r` is an error whose message contains every one of `needles`.
 fn err_names<T: std::fmt::Debug, E: std::fmt::Display>(

@@ -1,4 +1,5 @@
-//! Helpers of the QuantLinear tests (`quant_linear.rs`, `quant_linear_load.rs`): seeded
+//! Helpers of the QuantLinear tests (`quant_linear.rs`, `quant_linear_load.rs`,
+//! `tensor_parallel.rs`, `tensor_parallel_errors.rs`): seeded
 //! weights and inputs, the FP32 reference and its tolerance (derivation in `quant_linear.rs`).
 #![allow(dead_code)]
 
@@ -132,4 +133,28 @@ pub fn bits(t: &Tensor) -> Vec<u16> {
         .iter()
         .map(|v| v.to_bits())
         .collect()
+}
+
+/// `silu(g)·u` of a BF16 `[M, 2h]` output `[g | u]`, in FP32 from the BF16 values and
+/// rounded once (what `forward_silu_mul` computes from `forward`'s output on the CPU).
+pub fn silu_mul_ref(y: &Tensor) -> candle_core::Result<Tensor> {
+    let h = y.dim(1)? / 2;
+    let g = y.narrow(1, 0, h)?.to_dtype(DType::F32)?;
+    let u = y.narrow(1, h, h)?.to_dtype(DType::F32)?;
+    let s = (&g / (g.neg()?.exp()? + 1.0)?)?;
+    (s * u)?.to_dtype(DType::BF16)
+}
+
+/// A float tensor's values as f64, flattened.
+pub fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f64>())
+        .expect("a float tensor")
+}
+
+/// A seeded float weight `[n, k]` (F32, [`rand_weights`]).
+pub fn float_weight(seed: u64, n: usize, k: usize) -> Tensor {
+    let mut rng = StdRng::seed_from_u64(seed);
+    Tensor::from_vec(rand_weights(&mut rng, n, k), (n, k), &Device::Cpu).expect("shape")
 }
