@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 #include "gemv.cuh"
 #include "gemv_packed.cuh"
@@ -359,10 +360,10 @@ int main(int argc, char** argv) {
     const float gs = 0.0123f;
     int bad = 0;
     printf("\n| shape | N x K | M | warps/split | packed us | packed GB/s | %% copy | old us | packed/old |\n|---|---|---|---|---|---|---|---|---|\n");
-    // CFP4_PGEMV_ONLY=<shape name>: that shape only (for a profiler run).
+    // CFP4_PGEMV_ONLY=<shape name>[,<shape name>...]: those shapes only.
     const char* only = getenv("CFP4_PGEMV_ONLY");
     for (const Shape& s : shapes) {
-        if (only && strcmp(only, s.name) != 0) continue;
+        if (only && !strstr((std::string(",") + only + ",").c_str(), (std::string(",") + s.name + ",").c_str())) continue;
         Layer L = make_layer(s, rng);
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
         for (int m : {1, 4, 8, 16, 32}) {
