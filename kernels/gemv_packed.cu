@@ -128,29 +128,8 @@ struct Stage {
 
 // 8 bf16 of x: from global memory (read-only path) or, in the norm variants, from the
 // normalized rows in shared memory.
-// Prototype switches (scripts/proto/build-pgemv-bench.sh -D...; all 0 in the library):
-// XCONST: x loads replaced by a constant (timing only; results wrong); XPF: each warp
-// prefetches its x range into L1 after the wait; XSMEM: each warp copies its x range into
-// shared memory (cp.async) after the wait and the loop reads it there.
-#ifndef CFP4_PGEMV_XCONST
-#define CFP4_PGEMV_XCONST 0
-#endif
-#ifndef CFP4_PGEMV_XPF
-#define CFP4_PGEMV_XPF 0
-#endif
-#ifndef CFP4_PGEMV_XSMEM
-#define CFP4_PGEMV_XSMEM 0
-#endif
-constexpr int kXsWarpBytes = 5120;
-
 template <bool SMEM>
 __device__ __forceinline__ uint4 load_x(const __nv_bfloat16* p) {
-#if CFP4_PGEMV_XCONST
-    if constexpr (!SMEM) return make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
-#endif
-#if CFP4_PGEMV_XSMEM
-    if constexpr (!SMEM) return *reinterpret_cast<const uint4*>(p);
-#endif
     if constexpr (SMEM) {
         uint4 v;
         const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -420,35 +399,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     const __nv_bfloat16* xr[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xr[j] = xb + size_t(min(g + 8 * j, p.m - 1)) * xstride + 128 * w0 + 16 * t;
-#if CFP4_PGEMV_XPF
-    if constexpr (!NORM) {
-        const int rows = min(p.m, 8 * NT), lines = 2 * np;  // 128-byte lines per row
-        for (int i = lane; i < rows * lines; i += 32) {
-            const __nv_bfloat16* a = xb + size_t(i / lines) * xstride + 128 * w0 + 64 * (i % lines);
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
-        }
-    }
-#endif
-#if CFP4_PGEMV_XSMEM
-    if constexpr (!NORM) {
-        __shared__ __align__(16) unsigned char xs_all[MAX_WARPS * kXsWarpBytes];
-        const int rows = min(p.m, 8 * NT), ld = 128 * np + 8;  // elements per row, padded
-        if (np > 0 && rows * ld * 2 <= kXsWarpBytes) {
-            __nv_bfloat16* xw = reinterpret_cast<__nv_bfloat16*>(xs_all + warp * kXsWarpBytes);
-            const int per_row = 16 * np;  // 16-byte pieces
-            for (int i = lane; i < rows * per_row; i += 32) {
-                const int r = i / per_row, c = i % per_row;
-                const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(xw + r * ld + 8 * c));
-                const __nv_bfloat16* s = xb + size_t(r) * xstride + 128 * w0 + 8 * c;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(s));
-            }
-            asm volatile("cp.async.wait_all;" ::: "memory");
-            __syncwarp();
-#pragma unroll
-            for (int j = 0; j < NT; ++j) xr[j] = xw + min(g + 8 * j, p.m - 1) * ld + 16 * t;
-        }
-    }
-#endif
 
     float acc[TILES][NT][SETS][4];
 #pragma unroll

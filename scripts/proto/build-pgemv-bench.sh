@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds scripts/proto/pgemv_bench.cu with the kernels it times (sm_90a) into .carry/.
-# Usage: scripts/proto/build-pgemv-bench.sh [extra nvcc flags]
+# Usage: [SUFFIX=-x] [DEEP_U=5] scripts/proto/build-pgemv-bench.sh [extra nvcc flags]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/cuda-env.sh
@@ -15,6 +15,8 @@ inc=$(mktemp -d)
         tag=fp4; [ "$silu" = true ] && tag=fp4silu
         echo "CFP4_PGEMV($nt, $silu, $u, false, cfp4_pgemv_${tag}_nt${nt}_u$u)"
     done
+    # The harness's deep kernel: DEEP_U pairs in flight (the library's is 5).
+    echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, false, cfp4_pgemv_fp4_nt1_deep)"
     echo "#endif"
 } > "$inc/gemv_packed_instances.inc"
 for nt in 1 2 4; do

@@ -27,7 +27,7 @@
     } while (0)
 
 #define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
-PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
+PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
 PG(cfp4_pgemv_fp4silu_nt2_u2) PG(cfp4_pgemv_fp4_nt4_u2) PG(cfp4_pgemv_fp4silu_nt4_u2)
 #define OG(NAME) extern "C" __global__ void NAME(const __grid_constant__ GemvParams p);
 OG(cfp4_gemv_fp4_nt1_s1) OG(cfp4_gemv_fp4silu_nt1_s1) OG(cfp4_gemv_fp4_nt2_s1) OG(cfp4_gemv_fp4silu_nt2_s1)
@@ -80,7 +80,7 @@ typedef void (*OgFn)(GemvParams);
 
 // deep: the u = 5 kernel where it exists (plain, one token tile).
 static PgFn pg_fn(int nt, bool silu, bool deep = false) {
-    if (nt == 1) return silu ? cfp4_pgemv_fp4silu_nt1_u3 : deep ? cfp4_pgemv_fp4_nt1_u5 : cfp4_pgemv_fp4_nt1_u3;
+    if (nt == 1) return silu ? cfp4_pgemv_fp4silu_nt1_u3 : deep ? cfp4_pgemv_fp4_nt1_deep : cfp4_pgemv_fp4_nt1_u3;
     if (nt == 2) return silu ? cfp4_pgemv_fp4silu_nt2_u2 : cfp4_pgemv_fp4_nt2_u3;
     return silu ? cfp4_pgemv_fp4silu_nt4_u2 : cfp4_pgemv_fp4_nt4_u2;
 }
