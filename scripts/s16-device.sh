@@ -22,7 +22,7 @@ proto)
         echo "== $n rc $? $(head -1 "$OUT/pgemv-$n.log")"
     done
     for b in "$OUT"/pgemv-*.log; do
-        echo "-- $(basename "$b")"; grep -E "^\| .* \| 1 \||FAIL" "$b" | cut -d'|' -f2,5,6,8 | head -12
+        echo "-- $(basename "$b")"; grep -E "^\| .* \| 1 \||FAIL|pair sweep m=1" "$b" | cut -c1-150 | head -30
     done
     ;;
 check)

@@ -373,10 +373,15 @@ int main(int argc, char** argv) {
             int occ[9] = {0}, occd[9] = {0};
             for (int w = 2; w <= 8; ++w) occ[w] = occ_pg(nt, s.silu, w);
             for (int w = 2; w <= 8; ++w) occd[w] = occ_pg(nt, s.silu, w, true);
-            auto [warps, split] = geometry(L.groups, L.npairs, occ);
+#ifndef CFP4_PGEMV_PLAIN2
+#define CFP4_PGEMV_PLAIN2 0
+#endif
+            // PLAIN2 builds: the plain one-token-tile kernels serve two row tiles per group.
+            const int groups = (CFP4_PGEMV_PLAIN2 && nt == 1 && !s.silu) ? (L.tiles + 1) / 2 : L.groups;
+            auto [warps, split] = geometry(groups, L.npairs, occ);
             bool deep = false;
             if (nt == 1 && !s.silu) {
-                const auto [wd, sd] = geometry(L.groups, L.npairs, occd);
+                const auto [wd, sd] = geometry(groups, L.npairs, occd);
                 if ((L.npairs + wd * sd - 1) / (wd * sd) >= 5) {
                     deep = true;
                     warps = wd;
@@ -387,9 +392,9 @@ int main(int argc, char** argv) {
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
                 PackedGemvParams p{L.pcodes[c], L.pscales[c], x, out, partial, counters, gs * 256.f, m, s.n, s.k, s.k,
-                                   L.half_pad, L.groups, sp_, L.npairs, 0};
+                                   L.half_pad, groups, sp_, L.npairs, 0};
                 cudaLaunchConfig_t cfg{};
-                cfg.gridDim = dim3(unsigned(L.groups * sp_));
+                cfg.gridDim = dim3(unsigned(groups * sp_));
                 cfg.blockDim = dim3(32 * wp_);
                 cfg.stream = st;
                 cudaLaunchAttribute at[1];
@@ -461,6 +466,16 @@ int main(int argc, char** argv) {
                 printf("|   read-only codes | %dx%d | tile D3 %.2f us (%.0f%%), D8 %.2f (%.0f%%), flat %.2f (%.0f%%); gemv on codes+scales %.0f%% |\n",
                        s.n, s.k, t3, 100.0 * cb / t3 / 1e3 / copy, t8, 100.0 * cb / t8 / 1e3 / copy, tf,
                        100.0 * cb / tf / 1e3 / copy, 100.0 * wbytes / tp / 1e3 / copy);
+            }
+            if (CFP4_PGEMV_PLAIN2 && groups != L.groups && (m == 1 || m == 8)) {
+                printf("    pair sweep m=%d (groups %d):", m, groups);
+                for (int sp_ : {1, 2, 4})
+                    for (int wp_ : {4, 8}) {
+                        CK(cudaMemset(counters, 0, 1 << 20));
+                        const double t2 = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, sp_, wp_); });
+                        printf(" s%d w%d %.2f", sp_, wp_, t2);
+                    }
+                printf("\n");
             }
             if (sweep && (m == 1 || m == 8)) {
                 printf("    sweep m=%d:", m);
