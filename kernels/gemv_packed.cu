@@ -28,8 +28,8 @@
 //   m3 the biased exponent and top 3 mantissa bits of that bf16 (E4M3 subnormals
 //   normalised). A zero scale gives T = 0 and its block's codes are zeroed when packing.
 //
-// Work split: a CTA of WARPS warps serves one group (plain: one row tile; silu_mul: gate
-// tile i and up tile half_pad/16 + i, so the epilogue has both) and one of `split` slices
+// Work split: a CTA of WARPS warps serves one group (plain: one row tile; pair: row tiles
+// 2i and 2i + 1; silu_mul: gate tile i and up tile half_pad/16 + i, so the epilogue has both) and one of `split` slices
 // of K; its warps take contiguous runs of 128-wide K pairs (no predicates in the loop:
 // padded rows, clamped token rows whose columns are dropped), keeping U pairs of weight
 // loads in flight in registers (U per variant: the deep one for long per-warp runs).
@@ -104,6 +104,11 @@ __device__ __forceinline__ uint32_t scale_t(uint32_t b) {
     return uint32_t(((E - kTBase) << 3) | m3);
 }
 
+// Packed row tiles of the layer (both segments when N is even).
+__device__ __forceinline__ int packed_tiles(const PackedGemvParams& p) {
+    return p.half_pad ? p.half_pad / 8 : (p.n + 15) / 16;
+}
+
 // Packed row -> weight row, or -1 for a padding row.
 __device__ __forceinline__ int real_row(int prow, int n, int half_pad) {
     if (half_pad == 0) return prow < n ? prow : -1;
@@ -113,17 +118,20 @@ __device__ __forceinline__ int real_row(int prow, int n, int half_pad) {
     return q < half ? half + q : -1;
 }
 
-template <int NT, bool SILU>
+template <int NT, bool SILU, bool PAIR>
 struct Cfg {
-    static constexpr int TILES = SILU ? 2 : 1;
+    // PAIR (plain, one token tile): each group is two adjacent row tiles, so one x
+    // fragment feeds two tiles' MMAs.
+    static_assert(!PAIR || (!SILU && NT == 1), "the pair kernels are plain, one token tile");
+    static constexpr int TILES = (SILU || PAIR) ? 2 : 1;
     // Independent accumulator chains per (tile, token tile).
     static constexpr int SETS = NT * TILES == 1 ? 2 : 1;
 };
 
-template <int NT, bool SILU>
+template <int NT, bool SILU, bool PAIR>
 struct Stage {
-    uint4 w[Cfg<NT, SILU>::TILES][2];
-    uint32_t s[Cfg<NT, SILU>::TILES];
+    uint4 w[Cfg<NT, SILU, PAIR>::TILES][2];
+    uint32_t s[Cfg<NT, SILU, PAIR>::TILES];
 };
 
 // 8 bf16 of x: from global memory (read-only path) or, in the norm variants, from the
@@ -142,10 +150,10 @@ __device__ __forceinline__ uint4 load_x(const __nv_bfloat16* p) {
 
 // acc += chunk h of stage s (4 A fragments per tile) times x from `xo` elements past the
 // token rows' cursors xr.
-template <int NT, bool SILU, bool XS>
-__device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU>::TILES][NT][Cfg<NT, SILU>::SETS][4],
-                                              const Stage<NT, SILU>& s, int h, const __nv_bfloat16* const* xr, int xo) {
-    constexpr int TILES = Cfg<NT, SILU>::TILES, SETS = Cfg<NT, SILU>::SETS;
+template <int NT, bool SILU, bool PAIR, bool XS>
+__device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
+                                              const Stage<NT, SILU, PAIR>& s, int h, const __nv_bfloat16* const* xr, int xo) {
+    constexpr int TILES = Cfg<NT, SILU, PAIR>::TILES, SETS = Cfg<NT, SILU, PAIR>::SETS;
     uint4 xv[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -176,11 +184,11 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU>::TILES]
 
 // Sums the warps' accumulators through shared memory `red` ([warps][TILES][NT][32]
 // float4), adds the K slices when split > 1 and writes the output with the epilogue.
-template <int NT, bool SILU>
+template <int NT, bool SILU, bool PAIR>
 __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
-                                             const float (&acc)[Cfg<NT, SILU>::TILES][NT][Cfg<NT, SILU>::SETS][4],
+                                             const float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
                                              float4* red, int group, int slice) {
-    using C = Cfg<NT, SILU>;
+    using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int g = lane >> 2, t = lane & 3;
@@ -259,6 +267,16 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                     const float up = __bfloat162float(__float2bfloat16_rn(v1 * p.out_scale));
                     const float silu = gate / (1.0f + expf(-gate));
                     out[size_t(tok) * half + q] = __float2bfloat16_rn(silu * up);
+                } else if (PAIR) {
+#pragma unroll
+                    for (int ti = 0; ti < TILES; ++ti) {
+                        const int tl = 2 * group + ti;
+                        if (tl >= packed_tiles(p)) continue;
+                        const float4 v = tot[ti][j];
+                        const float vv = e == 0 ? (r == 0 ? v.x : v.z) : (r == 0 ? v.y : v.w);
+                        const int row = real_row(16 * tl + g + 8 * r, p.n, p.half_pad);
+                        if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(vv * p.out_scale);
+                    }
                 } else {
                     const int row = real_row(q, p.n, p.half_pad);
                     if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(v0 * p.out_scale);
@@ -342,9 +360,9 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
 
 // U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
 // parameter, src/variants.rs).
-template <int NT, bool SILU, int U, bool NORM>
+template <int NT, bool SILU, int U, bool NORM, bool PAIR>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
-    using C = Cfg<NT, SILU>;
+    using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -362,12 +380,14 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     const uint32_t* sp[TILES];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
-        const size_t tile = size_t(i == 0 ? group : p.half_pad / 16 + group);
+        // Pair: tiles 2g and 2g + 1 (an odd last tile computed twice, written once).
+        const size_t tile = PAIR ? size_t(min(2 * group + i, packed_tiles(p) - 1))
+                                 : size_t(i == 0 ? group : p.half_pad / 16 + group);
         wp[i] = p.w + ((tile * size_t(2 * p.npairs) + size_t(2 * w0)) * 32 + lane) * 16;
         sp[i] = p.scales + (tile * size_t(p.npairs) + size_t(w0)) * 32 + lane;
     }
     // Stage u of the pipeline from pair `i` past the cursors.
-    auto load = [&](Stage<NT, SILU>& st, int i) {
+    auto load = [&](Stage<NT, SILU, PAIR>& st, int i) {
 #pragma unroll
         for (int ti = 0; ti < TILES; ++ti) {
             st.w[ti][0] = ld_stream_v4(wp[ti] + i * 1024);
@@ -377,7 +397,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     };
 
     griddep_launch_dependents();
-    Stage<NT, SILU> st[U];
+    Stage<NT, SILU, PAIR> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
         if (u < np) load(st[u], u);
@@ -408,7 +428,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
             for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
 
-    auto compute = [&](const Stage<NT, SILU>& s, int h, int xo) { compute_chunk<NT, SILU, NORM>(acc, s, h, xr, xo); };
+    auto compute = [&](const Stage<NT, SILU, PAIR>& s, int h, int xo) { compute_chunk<NT, SILU, PAIR, NORM>(acc, s, h, xr, xo); };
     auto advance = [&]() {
 #pragma unroll
         for (int ti = 0; ti < TILES; ++ti) {
@@ -439,7 +459,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     }
 
-    pgemv_finish<NT, SILU>(p, acc, &red[0][0][0][0], group, slice);
+    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], group, slice);
 }
 
 // Software decode: bit of the packed word that holds bit b (0 = m, 1 = e0, 2 = e1, 3 = s)
@@ -492,7 +512,12 @@ constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >
 
 #define CFP4_PGEMV(NT, SILU, U, NORM, NAME)                                                                \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU, U, NORM>(p);                                                                       \
+        pgemv<NT, SILU, U, NORM, false>(p);                                                                \
+    }
+// Plain, one token tile, two row tiles per group (groups = ceil(tiles / 2)).
+#define CFP4_PGEMV_PAIR(U, NAME)                                                                           \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
+        pgemv<1, false, U, false, true>(p);                                                                \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).

@@ -118,6 +118,16 @@ fn awkward_shapes() -> R<()> {
 }
 
 #[test]
+fn pair_kernel_shapes() -> R<()> {
+    // At least 3.5 row tiles per SM (462 on the H200's 132 SMs), so the plain one-token-tile
+    // GEMV runs the pair kernel (`pair_suits`): 465 tiles of odd N (the last tile has no
+    // partner) and a 5-chunk K (the last pair has one chunk); 514 tiles in two segments
+    // with padding rows in each; m = 9 and 32 take the two- and four-token-tile kernels.
+    run(7425, 320, &[1, 3, 8, 9], &[false], 11)?;
+    run(8194, 1024, &[1, 8, 32], &[false], 12)
+}
+
+#[test]
 fn smollm2_shapes() -> R<()> {
     run(960, 576, &[1, 2, 8, 16, 32], &[false], 5)?;
     run(576, 1536, &[1, 8, 32], &[false], 6)?;

@@ -4,7 +4,8 @@
 //! that [`forward`] only checks the storages and launches.
 
 use super::geometry::{
-    depth_suits, packed_geometry, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+    depth_suits, packed_geometry, pair_suits, use_norm_prologue, NORM_K_MAX, NORM_MAX_M,
+    PACKED_WARPS,
 };
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
@@ -12,7 +13,8 @@ use crate::kernel_params::{PackParams, PackedDequantParams, PackedGemvParams};
 use crate::layout::contiguous_range;
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use crate::variants::{
-    pgemv_depths, pgemv_kernel_name, pgemv_norm_kernel_name, PGEMV_NORM_KERNELS, PGEMV_NTS,
+    pgemv_depths, pgemv_kernel_name, pgemv_norm_kernel_name, pgemv_pair_kernel_name,
+    PGEMV_NORM_KERNELS, PGEMV_NTS, PGEMV_PAIR_U,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -165,6 +167,9 @@ pub(crate) struct PackedPlan {
     layout: PackedLayout,
     silu_mul: bool,
     max_m: usize,
+    /// CTA groups (each `split` CTAs): row tiles, tile pairs (silu_mul, or the pair
+    /// kernel).
+    groups: usize,
     split: usize,
     /// Split > 1: partial sums and the per-group arrival counters (zero between calls).
     partial: Option<CudaSlice<f32>>,
@@ -229,6 +234,15 @@ pub(crate) fn plan(
     let fa = facts(dev)?;
     let image = if sm80 { Image::Compute80Ptx } else { fa.image };
     let loaded = module(dev, KernelFile::GemvPacked, image)?;
+    // Plain, one token tile, many row tiles per SM: two tiles per group.
+    if !silu_mul && nt == 1 && pair_suits(l.tiles, fa.sms) {
+        let name = pgemv_pair_kernel_name(PGEMV_PAIR_U);
+        let (f, _) = loaded.function(&name)?;
+        let occ = occupancies(&f, &name, 0)?;
+        let (warps, split) = packed_geometry(l.tiles.div_ceil(2), l.npairs, fa.sms, &occ);
+        let pdl = pdl && image.has_sm90_features();
+        return finish_plan(dev, f, l, silu_mul, nt, (warps, split, true), pdl);
+    }
     let groups = l.groups(silu_mul);
     let depths = pgemv_depths(nt, silu_mul);
     let mut chosen = None;
@@ -246,23 +260,27 @@ pub(crate) fn plan(
         bail!("packed NVFP4 GEMV: no kernel for token tile {nt} (silu_mul {silu_mul})");
     };
     let pdl = pdl && image.has_sm90_features();
-    finish_plan(dev, f, l, silu_mul, nt, (warps, split), pdl)
+    finish_plan(dev, f, l, silu_mul, nt, (warps, split, false), pdl)
 }
 
-/// The plan of kernel `f` with its geometry `(warps, split)`: grid, block and (split > 1)
-/// the split-K workspace.
+/// The plan of kernel `f` with its geometry `(warps, split, pair)` (`pair`: the pair
+/// kernel, two row tiles per group): grid, block and (split > 1) the split-K workspace.
 fn finish_plan(
     dev: &CudaDevice,
     f: CudaFunction,
     l: &PackedLayout,
     silu_mul: bool,
     nt: usize,
-    (warps, split): (usize, usize),
+    (warps, split, pair): (usize, usize, bool),
     pdl: bool,
 ) -> Result<PackedPlan> {
-    let groups = l.groups(silu_mul);
-    let (ctas, (partial, counters)) =
-        grid_and_workspace(dev, groups, split, if silu_mul { 2 } else { 1 }, nt)?;
+    let groups = if pair {
+        l.tiles.div_ceil(2)
+    } else {
+        l.groups(silu_mul)
+    };
+    let tiles = if silu_mul || pair { 2 } else { 1 };
+    let (ctas, (partial, counters)) = grid_and_workspace(dev, groups, split, tiles, nt)?;
     Ok(PackedPlan {
         f,
         launch: Launch {
@@ -275,6 +293,7 @@ fn finish_plan(
         layout: *l,
         silu_mul,
         max_m: 8 * nt,
+        groups,
         split,
         partial,
         counters,
@@ -300,7 +319,7 @@ impl PackedPlan {
             k: l.k as i32,
             x_stride: x_stride as i32,
             half_pad: l.half_pad as i32,
-            groups: l.groups(self.silu_mul) as i32,
+            groups: self.groups as i32,
             split: self.split as i32,
             npairs: l.npairs as i32,
             pad: 0,
@@ -458,9 +477,9 @@ pub(crate) fn plan_norm(
     let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
     let smem = 8 * nt * (l.k + 8) * 2;
     let occ = occupancies(&f, &name, smem)?;
-    let geometry = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
+    let (warps, split) = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
     let pdl = pdl && image.has_sm90_features();
-    let base = finish_plan(dev, f, l, silu_mul, nt, geometry, pdl)?;
+    let base = finish_plan(dev, f, l, silu_mul, nt, (warps, split, false), pdl)?;
     let stream = dev.cuda_stream();
     let w_ptr = tensor_ptr::<u8>(w.codes, "codes", &stream)?;
     let s_ptr = tensor_ptr::<u32>(w.scales, "scales", &stream)?;

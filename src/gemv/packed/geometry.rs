@@ -57,6 +57,17 @@ pub fn depth_suits(npairs: usize, warps: usize, split: usize, u: usize) -> bool 
     npairs.div_ceil((warps * split).max(1)) >= u
 }
 
+/// Whether the plain one-token-tile GEMV of a layer with `tiles` packed row tiles should
+/// run the pair kernel (two row tiles per group, one x fragment for both): only when the
+/// grid has at least 3.5 tiles per SM. Measured on the H200 (132 SMs, sixteenth session,
+/// M = 1): faster from 512 tiles up (70B o 14.02 → 12.94 µs, 70B down 40.27 → 36.03, 8B
+/// lm_head 82.00 → 77.29), slower at 384 and below (8B q|k|v 6.83 → 7.00, 8B down
+/// 13.27 → 13.91, 8B o 5.31 → 6.27), where half the groups leave the SMs short of CTAs.
+/// Pure: the planner asks it once per layer.
+pub fn pair_suits(tiles: usize, sms: usize) -> bool {
+    sms > 0 && 2 * tiles >= 7 * sms
+}
+
 /// Most tokens the GEMVs with the RMSNorm prologue serve (one token tile).
 pub const NORM_MAX_M: usize = 8;
 
@@ -118,6 +129,19 @@ mod tests {
     fn degenerate_inputs_do_not_divide_by_zero() {
         assert_eq!(packed_geometry(1, 1, 0, &[]), (4, 1));
         assert_eq!(packed_geometry(0, 0, 132, &H200).1, 1);
+    }
+
+    #[test]
+    fn pair_kernel_only_for_many_tiles_per_sm() {
+        // Row tiles of the H200 measurements (132 SMs).
+        for tiles in [512, 640, 3072, 8016] {
+            assert!(pair_suits(tiles, 132), "{tiles} tiles"); // 70B o / down, q|k|v, lm_heads
+        }
+        for tiles in [384, 256, 60, 36] {
+            assert!(!pair_suits(tiles, 132), "{tiles} tiles"); // 8B q|k|v, o / down, SmolLM2
+        }
+        assert!(pair_suits(462, 132) && !pair_suits(461, 132)); // the threshold, 3.5 per SM
+        assert!(!pair_suits(1000, 0));
     }
 
     #[test]

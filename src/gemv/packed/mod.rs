@@ -20,7 +20,8 @@ mod layout;
 pub(crate) mod norm;
 
 pub use geometry::{
-    depth_suits, packed_geometry, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+    depth_suits, packed_geometry, pair_suits, use_norm_prologue, NORM_K_MAX, NORM_MAX_M,
+    PACKED_WARPS,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
