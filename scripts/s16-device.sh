@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sixteenth session's device runs: $@ = steps (proto | check | bench)
+# Sixteenth session's device runs: $@ = steps (proto | kernel | check | bench)
 # proto: every carried .carry/pgemv_bench-* build on $SHAPES (CFP4_PGEMV_ONLY), logs under
 # $OUT, the M = 1 rows here. check: $CHECK test binaries. bench: decode_bench + peers.
 set -o pipefail
@@ -24,6 +24,18 @@ proto)
     for b in "$OUT"/pgemv-*.log; do
         echo "-- $(basename "$b")"; grep -E "^\| .* \| 1 \||FAIL|pair sweep m=1" "$b" | cut -c1-150 | head -30
     done
+    ;;
+kernel)
+    echo "== pgemv_bench (the library's plan, pair kernel included), then one-tile only"
+    timeout 150 ./.carry/pgemv_bench > "$OUT/pgemv_bench.log" 2>&1; echo "rc $?"
+    CFP4_PGEMV_NOPAIR=1 timeout 150 ./.carry/pgemv_bench > "$OUT/pgemv_bench_nopair.log" 2>&1; echo "rc $?"
+    echo "== peers (8B shapes, then 70B shapes)"
+    timeout 120 python3 .carry/w4a16_peers.py > "$OUT/peers_8b.log" 2>&1; echo "rc $?"
+    timeout 120 python3 .carry/w4a16_peers_70b.py > "$OUT/peers_70b.log" 2>&1; echo "rc $?"
+    for f in pgemv_bench pgemv_bench_nopair; do
+        echo "-- $f"; grep -E "FAIL|copy|^\| (8B|70B)" "$OUT/$f.log" | grep -E "FAIL|copy| (1|8) \|" | cut -c1-110
+    done
+    grep -hE "^(tinygemm_int4_g128|cublas|torch).* (1|8) " "$OUT/peers_8b.log" "$OUT/peers_70b.log" | tail -40
     ;;
 check)
     for b in ${CHECK:-gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done

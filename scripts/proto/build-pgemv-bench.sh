@@ -17,6 +17,7 @@ inc=$(mktemp -d)
     done
     # The harness's deep kernel: DEEP_U pairs in flight (the library's is 5).
     echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, false, cfp4_pgemv_fp4_nt1_deep)"
+    echo "CFP4_PGEMV_PAIR(3, cfp4_pgemv_fp4pair_nt1_u3)"
     echo "#endif"
 } > "$inc/gemv_packed_instances.inc"
 for nt in 1 2 4; do

@@ -27,7 +27,7 @@
     } while (0)
 
 #define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
-PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
+PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4pair_nt1_u3) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
 PG(cfp4_pgemv_fp4silu_nt2_u2) PG(cfp4_pgemv_fp4_nt4_u2) PG(cfp4_pgemv_fp4silu_nt4_u2)
 #define OG(NAME) extern "C" __global__ void NAME(const __grid_constant__ GemvParams p);
 OG(cfp4_gemv_fp4_nt1_s1) OG(cfp4_gemv_fp4silu_nt1_s1) OG(cfp4_gemv_fp4_nt2_s1) OG(cfp4_gemv_fp4silu_nt2_s1)
@@ -362,6 +362,7 @@ int main(int argc, char** argv) {
     printf("\n| shape | N x K | M | warps/split | packed us | packed GB/s | %% copy | old us | packed/old |\n|---|---|---|---|---|---|---|---|---|\n");
     // CFP4_PGEMV_ONLY=<shape name>[,<shape name>...]: those shapes only.
     const char* only = getenv("CFP4_PGEMV_ONLY");
+    const bool nopair = getenv("CFP4_PGEMV_NOPAIR") != nullptr;
     for (const Shape& s : shapes) {
         if (only && !strstr((std::string(",") + only + ",").c_str(), (std::string(",") + s.name + ",").c_str())) continue;
         Layer L = make_layer(s, rng);
@@ -373,14 +374,18 @@ int main(int argc, char** argv) {
             int occ[9] = {0}, occd[9] = {0};
             for (int w = 2; w <= 8; ++w) occ[w] = occ_pg(nt, s.silu, w);
             for (int w = 2; w <= 8; ++w) occd[w] = occ_pg(nt, s.silu, w, true);
-#ifndef CFP4_PGEMV_PLAIN2
-#define CFP4_PGEMV_PLAIN2 0
-#endif
-            // PLAIN2 builds: the plain one-token-tile kernels serve two row tiles per group.
-            const int groups = (CFP4_PGEMV_PLAIN2 && nt == 1 && !s.silu) ? (L.tiles + 1) / 2 : L.groups;
-            auto [warps, split] = geometry(groups, L.npairs, occ);
+            // The pair kernel where the library's rule takes it (pair_suits: >= 3.5 row tiles
+            // per SM); CFP4_PGEMV_NOPAIR=1: the one-tile kernels everywhere.
+            const bool pair = !nopair && nt == 1 && !s.silu && 2 * L.tiles >= 7 * sms;
+            const int groups = pair ? (L.tiles + 1) / 2 : L.groups;
+            int occp[9] = {0};
+            for (int w = 2; w <= 8; ++w) {
+                CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occp[w], (const void*)cfp4_pgemv_fp4pair_nt1_u3, 32 * w, 0));
+                occp[w] = std::max(occp[w], 1);
+            }
+            auto [warps, split] = geometry(groups, L.npairs, pair ? occp : occ);
             bool deep = false;
-            if (nt == 1 && !s.silu) {
+            if (nt == 1 && !s.silu && !pair) {
                 const auto [wd, sd] = geometry(groups, L.npairs, occd);
                 if ((L.npairs + wd * sd - 1) / (wd * sd) >= 5) {
                     deep = true;
@@ -388,6 +393,7 @@ int main(int argc, char** argv) {
                     split = sd;
                 }
             }
+            const PgFn kfn = pair ? cfp4_pgemv_fp4pair_nt1_u3 : pg_fn(nt, s.silu, deep);
             const int nout = s.silu ? s.n / 2 : s.n;
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
@@ -402,7 +408,7 @@ int main(int argc, char** argv) {
                 at[0].val.programmaticStreamSerializationAllowed = 1;
                 cfg.attrs = at;
                 cfg.numAttrs = 1;
-                CK(cudaLaunchKernelEx(&cfg, pg_fn(nt, s.silu, deep), p));
+                CK(cudaLaunchKernelEx(&cfg, kfn, p));
             };
             // correctness (copy 0)
             CK(cudaMemset(out, 0xff, size_t(m) * nout * 2));
@@ -446,7 +452,7 @@ int main(int argc, char** argv) {
                 GemvParams p{L.codes[c], L.scales[c], x, out, gs * 256.f, m, s.n, s.k, s.k, L.sp, otiles, 0};
                 og_fn(nt, s.silu)<<<unsigned(std::min(otiles, sms * std::max(occ_o, 1))), 128, 0, st>>>(p);
             });
-            printf("| %s | %dx%d | %d | %d/%d%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, deep ? " u5" : "", tp,
+            printf("| %s | %dx%d | %d | %d/%d%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, pair ? " pair" : deep ? " deep" : "", tp,
                    wbytes / tp / 1e3, 100.0 * wbytes / tp / 1e3 / copy, to, to / tp);
             if (m == 1 && !s.silu) {
                 uint32_t* sink = counters + 1000;
@@ -467,7 +473,7 @@ int main(int argc, char** argv) {
                        s.n, s.k, t3, 100.0 * cb / t3 / 1e3 / copy, t8, 100.0 * cb / t8 / 1e3 / copy, tf,
                        100.0 * cb / tf / 1e3 / copy, 100.0 * wbytes / tp / 1e3 / copy);
             }
-            if (CFP4_PGEMV_PLAIN2 && groups != L.groups && (m == 1 || m == 8)) {
+            if (sweep && pair && (m == 1 || m == 8)) {
                 printf("    pair sweep m=%d (groups %d):", m, groups);
                 for (int sp_ : {1, 2, 4})
                     for (int wp_ : {4, 8}) {
