@@ -367,7 +367,9 @@ int main(int argc, char** argv) {
         if (only && !strstr((std::string(",") + only + ",").c_str(), (std::string(",") + s.name + ",").c_str())) continue;
         Layer L = make_layer(s, rng);
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
-        for (int m : {1, 4, 8, 16, 32}) {
+        // CFP4_PGEMV_M1=1: M = 1 only.
+        const std::vector<int> ms = getenv("CFP4_PGEMV_M1") ? std::vector<int>{1} : std::vector<int>{1, 4, 8, 16, 32};
+        for (int m : ms) {
             const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
             // The library's plan (src/gemv/packed/cuda.rs): the deep kernel where it exists
             // and each warp's run is at least its 5 pairs, else the shallow one.
@@ -402,6 +404,10 @@ int main(int argc, char** argv) {
                 cudaLaunchConfig_t cfg{};
                 cfg.gridDim = dim3(unsigned(groups * sp_));
                 cfg.blockDim = dim3(32 * wp_);
+#ifdef CFP4_PGEMV_XSCTA
+                // The prototype's x rows in dynamic shared memory (one-tile plain kernels).
+                if (nt == 1 && !s.silu && !pair) cfg.dynamicSmemBytes = size_t(std::min(m, 8)) * (s.k + 8) * 2;
+#endif
                 cfg.stream = st;
                 cudaLaunchAttribute at[1];
                 at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
