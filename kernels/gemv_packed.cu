@@ -267,19 +267,18 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                     const float up = __bfloat162float(__float2bfloat16_rn(v1 * p.out_scale));
                     const float silu = gate / (1.0f + expf(-gate));
                     out[size_t(tok) * half + q] = __float2bfloat16_rn(silu * up);
-                } else if (PAIR) {
+                } else {
+                    // Plain: the group's tile; pair: tiles 2g and 2g + 1 (no partner past
+                    // the last tile).
 #pragma unroll
                     for (int ti = 0; ti < TILES; ++ti) {
-                        const int tl = 2 * group + ti;
-                        if (tl >= packed_tiles(p)) continue;
+                        const int tl = PAIR ? 2 * group + ti : group;
+                        if (PAIR && tl >= packed_tiles(p)) continue;
                         const float4 v = tot[ti][j];
                         const float vv = e == 0 ? (r == 0 ? v.x : v.z) : (r == 0 ? v.y : v.w);
                         const int row = real_row(16 * tl + g + 8 * r, p.n, p.half_pad);
                         if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(vv * p.out_scale);
                     }
-                } else {
-                    const int row = real_row(q, p.n, p.half_pad);
-                    if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(v0 * p.out_scale);
                 }
             }
         }

@@ -239,7 +239,7 @@ pub(crate) fn plan(
         let name = pgemv_pair_kernel_name(PGEMV_PAIR_U);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
-        let (warps, split) = packed_geometry(l.tiles.div_ceil(2), l.npairs, fa.sms, &occ);
+        let (warps, split) = packed_geometry(l.pair_groups(), l.npairs, fa.sms, &occ);
         let pdl = pdl && image.has_sm90_features();
         return finish_plan(dev, f, l, silu_mul, nt, (warps, split, true), pdl);
     }
@@ -275,7 +275,7 @@ fn finish_plan(
     pdl: bool,
 ) -> Result<PackedPlan> {
     let groups = if pair {
-        l.tiles.div_ceil(2)
+        l.pair_groups()
     } else {
         l.groups(silu_mul)
     };

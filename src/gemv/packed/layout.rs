@@ -81,6 +81,12 @@ impl PackedLayout {
         }
     }
 
+    /// CTA work groups of the pair kernel: adjacent row tiles two by two (the last one
+    /// alone when the count is odd).
+    pub fn pair_groups(&self) -> usize {
+        self.tiles.div_ceil(2)
+    }
+
     /// The weight row of packed row `p`, or `None` for a padding row.
     pub fn real_row(&self, p: usize) -> Option<usize> {
         if self.half_pad == 0 {
