@@ -49,6 +49,12 @@
 // which the main loop reads instead of x. CTA 0 also writes s to `sum` (the residual
 // stream after the add). Only the order of the sum of squares differs from the norm
 // kernel's (a warp tree here, over another thread count).
+//
+// Staged variants (plain, one token tile, one row tile per group): right after
+// griddepcontrol.wait each CTA copies the M rows of x over its own K slice
+// [128 s0, 128 s0 + len) into dynamic shared memory ([M][len + 8] bf16, len a multiple of
+// 64) with cp.async, and the main loop reads x there with ld.shared instead of from L2.
+// The launch gives M * (len + 8) * 2 bytes (the planner's `staged_smem`).
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "gemv_packed.cuh"
@@ -117,6 +123,11 @@ __device__ __forceinline__ int real_row(int prow, int n, int half_pad) {
     const int q = prow - half_pad;
     return q < half ? half + q : -1;
 }
+
+// Where the main loop reads x: global memory, the normalized rows (norm variants) or the
+// CTA's K slice of x copied into shared memory (staged variants); both of the latter in
+// dynamic shared memory.
+enum class XSrc { Global, Norm, Staged };
 
 template <int NT, bool SILU, bool PAIR>
 struct Cfg {
@@ -357,10 +368,28 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
     __syncthreads();
 }
 
+// Staged variants: the m token rows of x over K [k0, k0 + len) into xs ([m][len + 8]
+// bf16), 16 bytes per cp.async; ends with a barrier. Called after griddep_wait by every
+// thread (x is written by the previous kernel).
+__device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16* __restrict__ xs, int k0, int len) {
+    const int pieces = len / 8, ld = len + 8;
+    const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x);
+    for (int i = threadIdx.x; i < p.m * pieces; i += blockDim.x) {
+        const int r = i / pieces, c = i - r * pieces;
+        const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(xs + r * ld + 8 * c));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(x + size_t(r) * p.x_stride + k0 + 8 * c)
+                     : "memory");
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+}
+
 // U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
 // parameter, src/variants.rs).
-template <int NT, bool SILU, int U, bool NORM, bool PAIR>
+template <int NT, bool SILU, int U, XSrc XS, bool PAIR>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
+    static_assert(XS != XSrc::Staged || (NT == 1 && !SILU && !PAIR), "the staged kernels are plain, one tile");
+    constexpr bool NORM = XS == XSrc::Norm;
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
@@ -415,9 +444,19 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         xb = xs;
         xstride = size_t(p.k + 8);
     }
+    int xcol = 128 * w0;  // this warp's first x column in xb
+    if constexpr (XS == XSrc::Staged) {
+        extern __shared__ __align__(16) unsigned char pgemv_dyn[];
+        __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
+        const int k0 = 128 * s0, len = max(0, min(128 * (s1 - s0), p.k - k0));
+        stage_x(p, xs, k0, len);
+        xb = xs;
+        xstride = size_t(len + 8);
+        xcol = 128 * (w0 - s0);
+    }
     const __nv_bfloat16* xr[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) xr[j] = xb + size_t(min(g + 8 * j, p.m - 1)) * xstride + 128 * w0 + 16 * t;
+    for (int j = 0; j < NT; ++j) xr[j] = xb + size_t(min(g + 8 * j, p.m - 1)) * xstride + xcol + 16 * t;
 
     float acc[TILES][NT][SETS][4];
 #pragma unroll
@@ -427,7 +466,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
             for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
 
-    auto compute = [&](const Stage<NT, SILU, PAIR>& s, int h, int xo) { compute_chunk<NT, SILU, PAIR, NORM>(acc, s, h, xr, xo); };
+    auto compute = [&](const Stage<NT, SILU, PAIR>& s, int h, int xo) { compute_chunk<NT, SILU, PAIR, XS != XSrc::Global>(acc, s, h, xr, xo); };
     auto advance = [&]() {
 #pragma unroll
         for (int ti = 0; ti < TILES; ++ti) {
@@ -509,14 +548,15 @@ __device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int
 // Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
 constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >= 8 ? 1 : 2; }
 
-#define CFP4_PGEMV(NT, SILU, U, NORM, NAME)                                                                \
+// XS: Global, Norm or Staged (XSrc).
+#define CFP4_PGEMV(NT, SILU, U, XS, NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU, U, NORM, false>(p);                                                                \
+        pgemv<NT, SILU, U, XSrc::XS, false>(p);                                                            \
     }
 // Plain, one token tile, two row tiles per group (groups = ceil(tiles / 2)).
 #define CFP4_PGEMV_PAIR(U, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<1, false, U, false, true>(p);                                                                \
+        pgemv<1, false, U, XSrc::Global, true>(p);                                                                \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).

@@ -128,6 +128,38 @@ fn pair_kernel_shapes() -> R<()> {
 }
 
 #[test]
+fn staged_kernel_shapes() -> R<()> {
+    // Grids of at most 2 CTAs per SM take the staged kernel (x of each CTA's K slice in
+    // shared memory, `stage_suits`) for the tokens it serves; past that the same plan
+    // launches the plain kernel. Which kernel serves each m is asserted, then every m is
+    // checked against the FP64 bound (both sides of the switch).
+    let dev = gpu();
+    let mut rng = StdRng::seed_from_u64(13);
+    let staged = |n: usize, k: usize, m: usize, rng: &mut StdRng| -> R<String> {
+        let l = layer(n, k, rng)?;
+        let pg = PackedNvfp4::pack(&l.codes.to_device(&dev)?, &l.scales.to_device(&dev)?, l.gs)?;
+        let plan = pg.plan(false, m, true)?;
+        let name = plan.kernel_for(m).map(str::to_string);
+        name.ok_or_else(|| candle_core::Error::Msg(format!("{n}x{k}: no kernel for m = {m}")))
+    };
+    let is_staged = |name: &str| name.starts_with("cfp4_pgemv_fp4xs_");
+    // SmolLM2 down (36 tiles), a split-4 grid (1000 x 4032: 63 tiles, 4 slices of 8 pairs,
+    // the last slice 7.5 pairs) and the 8B down (K = 14336: 28.7 KB of x): staged at
+    // m = 1 (`STAGED_MAX_M`), the plain kernel of the same plan above.
+    for (n, k) in [(576, 1536), (1000, 4032), (4096, 14336)] {
+        let name = staged(n, k, 1, &mut rng)?;
+        assert!(is_staged(&name), "{n}x{k} m=1: {name}");
+        for m in [2, 8] {
+            let name = staged(n, k, m, &mut rng)?;
+            assert!(!is_staged(&name), "{n}x{k} m={m}: {name}");
+        }
+    }
+    run(576, 1536, &[1, 2, 8], &[false], 14)?;
+    run(1000, 4032, &[1, 5, 8], &[false], 15)?;
+    run(4096, 14336, &[1, 2], &[false], 16)
+}
+
+#[test]
 fn smollm2_shapes() -> R<()> {
     run(960, 576, &[1, 2, 8, 16, 32], &[false], 5)?;
     run(576, 1536, &[1, 8, 32], &[false], 6)?;

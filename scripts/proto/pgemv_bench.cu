@@ -29,6 +29,7 @@
 #define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
 PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4pair_nt1_u3) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
 PG(cfp4_pgemv_fp4silu_nt2_u2) PG(cfp4_pgemv_fp4_nt4_u2) PG(cfp4_pgemv_fp4silu_nt4_u2)
+PG(cfp4_pgemv_fp4xs_nt1_u3) PG(cfp4_pgemv_fp4xs_nt1_deep)
 #define OG(NAME) extern "C" __global__ void NAME(const __grid_constant__ GemvParams p);
 OG(cfp4_gemv_fp4_nt1_s1) OG(cfp4_gemv_fp4silu_nt1_s1) OG(cfp4_gemv_fp4_nt2_s1) OG(cfp4_gemv_fp4silu_nt2_s1)
 OG(cfp4_gemv_fp4_nt4_s1) OG(cfp4_gemv_fp4silu_nt4_s1)
@@ -363,6 +364,15 @@ int main(int argc, char** argv) {
     // CFP4_PGEMV_ONLY=<shape name>[,<shape name>...]: those shapes only.
     const char* only = getenv("CFP4_PGEMV_ONLY");
     const bool nopair = getenv("CFP4_PGEMV_NOPAIR") != nullptr;
+    // CFP4_PGEMV_NOSTAGE=1: never the staged kernels (x of the CTA's K slice in shared memory).
+    const bool nostage = getenv("CFP4_PGEMV_NOSTAGE") != nullptr;
+    int smem_optin = 0;
+    CK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    for (PgFn f : {cfp4_pgemv_fp4xs_nt1_u3, cfp4_pgemv_fp4xs_nt1_deep}) {
+        cudaFuncAttributes fa{};
+        CK(cudaFuncGetAttributes(&fa, (const void*)f));
+        CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));
+    }
     for (const Shape& s : shapes) {
         if (only && !strstr((std::string(",") + only + ",").c_str(), (std::string(",") + s.name + ",").c_str())) continue;
         Layer L = make_layer(s, rng);
@@ -395,7 +405,25 @@ int main(int argc, char** argv) {
                     split = sd;
                 }
             }
-            const PgFn kfn = pair ? cfp4_pgemv_fp4pair_nt1_u3 : pg_fn(nt, s.silu, deep);
+            PgFn kfn = pair ? cfp4_pgemv_fp4pair_nt1_u3 : pg_fn(nt, s.silu, deep);
+            // The library's staged rule (geometry.rs stage_suits, cuda.rs plan_staged): plain
+            // one-tile grids of at most 2 CTAs per SM, up to the tokens whose x rows over the
+            // longest K slice fit what a CTA may have at that occupancy.
+            size_t xs_smem = 0;
+            if (!nostage && m == 1 && !s.silu && !pair && groups * split <= 2 * sms) {  // STAGED_MAX_M = 1
+                const PgFn xf = deep ? cfp4_pgemv_fp4xs_nt1_deep : cfp4_pgemv_fp4xs_nt1_u3;
+                cudaFuncAttributes fa{};
+                CK(cudaFuncGetAttributes(&fa, (const void*)xf));
+                size_t avail = 0;
+                CK(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, (const void*)xf, (groups * split + sms - 1) / sms, 32 * warps));
+                const size_t cap = std::min(avail, size_t(smem_optin) - fa.sharedSizeBytes);
+                const int slice_k = std::min(128 * ((L.npairs + split - 1) / split), s.k);
+                const size_t need = size_t(m) * (slice_k + 8) * 2;
+                if (need <= cap) {
+                    kfn = xf;
+                    xs_smem = need;
+                }
+            }
             const int nout = s.silu ? s.n / 2 : s.n;
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
@@ -404,10 +432,7 @@ int main(int argc, char** argv) {
                 cudaLaunchConfig_t cfg{};
                 cfg.gridDim = dim3(unsigned(groups * sp_));
                 cfg.blockDim = dim3(32 * wp_);
-#ifdef CFP4_PGEMV_XSCTA
-                // The prototype's x rows in dynamic shared memory (one-tile plain kernels).
-                if (nt == 1 && !s.silu && !pair) cfg.dynamicSmemBytes = size_t(std::min(m, 8)) * (s.k + 8) * 2;
-#endif
+                cfg.dynamicSmemBytes = xs_smem;
                 cfg.stream = st;
                 cudaLaunchAttribute at[1];
                 at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -458,7 +483,7 @@ int main(int argc, char** argv) {
                 GemvParams p{L.codes[c], L.scales[c], x, out, gs * 256.f, m, s.n, s.k, s.k, L.sp, otiles, 0};
                 og_fn(nt, s.silu)<<<unsigned(std::min(otiles, sms * std::max(occ_o, 1))), 128, 0, st>>>(p);
             });
-            printf("| %s | %dx%d | %d | %d/%d%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, pair ? " pair" : deep ? " deep" : "", tp,
+            printf("| %s | %dx%d | %d | %d/%d%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, pair ? " pair" : deep ? (xs_smem ? " deep xs" : " deep") : xs_smem ? " xs" : "", tp,
                    wbytes / tp / 1e3, 100.0 * wbytes / tp / 1e3 / copy, to, to / tp);
             if (m == 1 && !s.silu) {
                 uint32_t* sink = counters + 1000;
@@ -489,7 +514,7 @@ int main(int argc, char** argv) {
                     }
                 printf("\n");
             }
-            if (sweep && (m == 1 || m == 8)) {
+            if (sweep && !xs_smem && (m == 1 || m == 8)) {  // the staged smem is for the planned split
                 printf("    sweep m=%d:", m);
                 for (int wp_ : {2, 3, 4, 5, 6, 8}) {
                     const double t2 = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, 1, wp_); });

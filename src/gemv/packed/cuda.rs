@@ -4,8 +4,8 @@
 //! that [`forward`] only checks the storages and launches.
 
 use super::geometry::{
-    depth_suits, packed_geometry, pair_suits, use_norm_prologue, NORM_K_MAX, NORM_MAX_M,
-    PACKED_WARPS,
+    depth_suits, packed_geometry, pair_suits, stage_suits, staged_max_m, staged_slice_k,
+    staged_smem, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
 };
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
@@ -14,7 +14,7 @@ use crate::layout::contiguous_range;
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use crate::variants::{
     pgemv_depths, pgemv_kernel_name, pgemv_norm_kernel_name, pgemv_pair_kernel_name,
-    PGEMV_NORM_KERNELS, PGEMV_NTS, PGEMV_PAIR_U,
+    pgemv_staged_kernel_name, PGEMV_NORM_KERNELS, PGEMV_NTS, PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -163,7 +163,12 @@ pub(crate) fn tile_for(m: usize) -> usize {
 #[derive(Debug)]
 pub(crate) struct PackedPlan {
     f: CudaFunction,
+    /// The kernel's name (for tests and `tune`'s tables; never read per call).
+    name: String,
     launch: Launch,
+    /// The staged kernel (same geometry, x of each CTA's K slice in shared memory) for
+    /// up to its `max_m` tokens, where `stage_suits`.
+    staged: Option<StagedKernel>,
     layout: PackedLayout,
     silu_mul: bool,
     max_m: usize,
@@ -174,6 +179,16 @@ pub(crate) struct PackedPlan {
     /// Split > 1: partial sums and the per-group arrival counters (zero between calls).
     partial: Option<CudaSlice<f32>>,
     counters: Option<CudaSlice<u32>>,
+}
+
+/// The staged twin of a plain one-tile plan: its function, the most tokens whose x rows
+/// fit its shared memory, and the K slice those rows span.
+#[derive(Debug)]
+struct StagedKernel {
+    f: CudaFunction,
+    name: String,
+    max_m: usize,
+    slice_k: usize,
 }
 
 /// CTAs of `w` warps of kernel `f` that fit on one SM, for every warp count the planner
@@ -241,7 +256,7 @@ pub(crate) fn plan(
         let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(l.pair_groups(), l.npairs, fa.sms, &occ);
         let pdl = pdl && image.has_sm90_features();
-        return finish_plan(dev, f, l, silu_mul, nt, (warps, split, true), pdl);
+        return finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl);
     }
     let groups = l.groups(silu_mul);
     let depths = pgemv_depths(nt, silu_mul);
@@ -252,22 +267,76 @@ pub(crate) fn plan(
         let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
         if i + 1 == depths.len() || depth_suits(l.npairs, warps, split, u) {
-            chosen = Some((f, warps, split));
+            chosen = Some((f, name, u, warps, split));
             break;
         }
     }
-    let Some((f, warps, split)) = chosen else {
+    let Some((f, name, u, warps, split)) = chosen else {
         bail!("packed NVFP4 GEMV: no kernel for token tile {nt} (silu_mul {silu_mul})");
     };
     let pdl = pdl && image.has_sm90_features();
-    finish_plan(dev, f, l, silu_mul, nt, (warps, split, false), pdl)
+    let mut p = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
+    if !silu_mul && nt == 1 && stage_suits(groups * split, fa.sms) {
+        p.staged = plan_staged(
+            &loaded,
+            l,
+            u,
+            warps,
+            split,
+            groups * split,
+            fa.sms,
+            fa.smem_optin,
+        )?;
+    }
+    Ok(p)
+}
+
+/// The staged twin of a plain one-tile plan of depth `u` and geometry `(warps, split)`
+/// over `ctas` CTAs: allows the kernel all the shared memory a CTA may have, then serves
+/// as many tokens as fit in what the device leaves each CTA when `ceil(ctas / sms)` of
+/// them share an SM (the plan's occupancy). `None` when no staged kernel has depth `u` or
+/// not even one token fits.
+#[allow(clippy::too_many_arguments)]
+fn plan_staged(
+    loaded: &crate::cuda::Loaded,
+    l: &PackedLayout,
+    u: usize,
+    warps: usize,
+    split: usize,
+    ctas: usize,
+    sms: usize,
+    smem_optin: usize,
+) -> Result<Option<StagedKernel>> {
+    if !PGEMV_STAGED_U.contains(&u) {
+        return Ok(None);
+    }
+    let name = pgemv_staged_kernel_name(u);
+    let (f, _) = loaded.function(&name)?;
+    let fixed = f
+        .shared_size_bytes()
+        .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
+        .max(0) as usize;
+    let cap = smem_optin.saturating_sub(fixed);
+    let f = loaded.function_with_smem(&name, cap)?;
+    let per_sm = ctas.div_ceil(sms.max(1)) as u32;
+    let avail = f
+        .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
+        .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
+    let slice_k = staged_slice_k(l.k, l.npairs, split);
+    let max_m = staged_max_m(slice_k, avail.min(cap));
+    Ok((max_m > 0).then_some(StagedKernel {
+        f,
+        name,
+        max_m,
+        slice_k,
+    }))
 }
 
 /// The plan of kernel `f` with its geometry `(warps, split, pair)` (`pair`: the pair
 /// kernel, two row tiles per group): grid, block and (split > 1) the split-K workspace.
 fn finish_plan(
     dev: &CudaDevice,
-    f: CudaFunction,
+    (f, name): (CudaFunction, String),
     l: &PackedLayout,
     silu_mul: bool,
     nt: usize,
@@ -283,6 +352,8 @@ fn finish_plan(
     let (ctas, (partial, counters)) = grid_and_workspace(dev, groups, split, tiles, nt)?;
     Ok(PackedPlan {
         f,
+        name,
+        staged: None,
         launch: Launch {
             grid: (ctas as u32, 1, 1),
             block: 32 * warps as u32,
@@ -301,6 +372,35 @@ fn finish_plan(
 }
 
 impl PackedPlan {
+    /// The kernel that serves `m` tokens under this plan (the staged one up to its token
+    /// count), or `None` past the plan's tokens.
+    pub(crate) fn kernel_for(&self, m: usize) -> Option<&str> {
+        match &self.staged {
+            _ if m == 0 || m > self.max_m => None,
+            Some(s) if m <= s.max_m => Some(&s.name),
+            _ => Some(&self.name),
+        }
+    }
+
+    /// The function and launch for `m` tokens (`1 ≤ m ≤ max_m`, checked by the caller):
+    /// the staged kernel with its shared memory up to its token count, else the plan's.
+    fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
+        match &self.staged {
+            Some(s) if m <= s.max_m => {
+                // Fits u32: at most the device's shared memory per CTA (planned).
+                let smem = staged_smem(m, s.slice_k).unwrap_or(0) as u32;
+                (
+                    &s.f,
+                    Launch {
+                        smem,
+                        ..self.launch
+                    },
+                )
+            }
+            _ => (&self.f, self.launch),
+        }
+    }
+
     /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer
     /// 0 (the caller sets them) and the norm fields off.
     fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
@@ -404,7 +504,8 @@ pub(crate) fn forward(
             counters: cnt,
             ..plan.params(m, rs, global_scale)
         };
-        unsafe { launch(&stream, &plan.f, plan.launch, &p)? };
+        let (f, how) = plan.launch_for(m);
+        unsafe { launch(&stream, f, how, &p)? };
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
@@ -479,7 +580,7 @@ pub(crate) fn plan_norm(
     let occ = occupancies(&f, &name, smem)?;
     let (warps, split) = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
     let pdl = pdl && image.has_sm90_features();
-    let base = finish_plan(dev, f, l, silu_mul, nt, (warps, split, false), pdl)?;
+    let base = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
     let stream = dev.cuda_stream();
     let w_ptr = tensor_ptr::<u8>(w.codes, "codes", &stream)?;
     let s_ptr = tensor_ptr::<u32>(w.scales, "scales", &stream)?;

@@ -68,6 +68,49 @@ pub fn pair_suits(tiles: usize, sms: usize) -> bool {
     sms > 0 && 2 * tiles >= 7 * sms
 }
 
+/// Whether the plain one-tile GEMV launched as `ctas` CTAs on `sms` SMs should run the
+/// staged kernel (each CTA copies the x rows of its K slice into shared memory before its
+/// main loop): only when the grid is at most two CTAs per SM. There no other CTA's weight
+/// stream covers the wait for x, which the staged copy takes off the main loop. Measured
+/// on the H200 (132 SMs, sixteenth session, M = 1): faster at 256 CTAs (8B o 5.32 → 5.10 µs,
+/// 8B down 13.29 → 11.73), 252 (1000 × 4032, split 4: 4.02 → 3.78) and SmolLM2's 36–60
+/// (−6 to −9 %), slower at 384 (8B q|k|v 6.79 → 6.99), where three CTAs per SM already
+/// overlap and the copy's barrier only delays the first MMA. Pure: the planner asks it once
+/// per layer.
+pub fn stage_suits(ctas: usize, sms: usize) -> bool {
+    sms > 0 && ctas > 0 && ctas <= 2 * sms
+}
+
+/// Most tokens the staged kernels serve. One: on the H200 (seventeenth session, same call)
+/// staging won only at M = 1 (8B down 13.29 → 11.56 µs, 8B o 5.30 → 5.21, SmolLM2's
+/// q|k|v / o / down −4 to −10 %) and lost at M = 4 and 8 (8B o 5.56 → 7.46 and
+/// 5.69 → 9.60 µs, SmolLM2 down 2.79 → 2.97 at M = 8): the copy of M rows before the
+/// first MMA grows with M while the weight stream it hides does not.
+pub const STAGED_MAX_M: usize = 1;
+
+/// K elements of the longest CTA slice of a staged GEMV (`npairs` 128-wide K steps of a
+/// `k`-wide layer over `split` CTAs): what each CTA's shared x rows must hold.
+pub fn staged_slice_k(k: usize, npairs: usize, split: usize) -> usize {
+    (128 * npairs.div_ceil(split.max(1))).min(k)
+}
+
+/// Dynamic shared memory of a staged GEMV of `m` tokens over slices of `slice_k`: `m` rows
+/// of `slice_k + 8` BF16 (the 16-byte pad puts the token rows of one load on distinct
+/// banks), or `None` when that overflows.
+pub fn staged_smem(m: usize, slice_k: usize) -> Option<usize> {
+    m.checked_mul(slice_k.checked_add(8)?)?.checked_mul(2)
+}
+
+/// The most tokens (≤ [`STAGED_MAX_M`]) whose staged x rows fit in `limit` bytes of
+/// dynamic shared memory, 0 when not even one does. Pure: the planner calls it once per
+/// layer with what the device leaves each CTA at the grid's occupancy.
+pub fn staged_max_m(slice_k: usize, limit: usize) -> usize {
+    (1..=STAGED_MAX_M)
+        .rev()
+        .find(|&m| staged_smem(m, slice_k).is_some_and(|b| b <= limit))
+        .unwrap_or(0)
+}
+
 /// Most tokens the GEMVs with the RMSNorm prologue serve (one token tile).
 pub const NORM_MAX_M: usize = 8;
 
@@ -142,6 +185,36 @@ mod tests {
         }
         assert!(pair_suits(462, 132) && !pair_suits(461, 132)); // the threshold, 3.5 per SM
         assert!(!pair_suits(1000, 0));
+    }
+
+    #[test]
+    fn staged_kernel_only_for_short_grids() {
+        // CTAs of the H200 plans (geometry_rule_on_the_measured_shapes, 132 SMs).
+        for ctas in [256, 252, 60, 36, 264] {
+            assert!(stage_suits(ctas, 132), "{ctas} CTAs"); // 8B o / down, odd split 4, SmolLM2
+        }
+        for ctas in [384, 265, 896] {
+            assert!(!stage_suits(ctas, 132), "{ctas} CTAs"); // 8B q|k|v (measured slower)
+        }
+        assert!(!stage_suits(10, 0) && !stage_suits(0, 132));
+    }
+
+    #[test]
+    fn staged_shared_memory_sizes() {
+        assert_eq!(staged_slice_k(4096, 32, 1), 4096);
+        assert_eq!(staged_slice_k(4032, 32, 4), 1024); // 8 pairs of the 4 slices
+        assert_eq!(staged_slice_k(320, 3, 2), 256); // the longest slice: 2 pairs
+        assert_eq!(staged_slice_k(64, 1, 0), 64);
+        assert_eq!(staged_smem(1, 4096), Some(8208));
+        assert_eq!(staged_smem(8, 14336), Some(8 * 14344 * 2));
+        assert_eq!(staged_smem(usize::MAX, 64), None);
+        assert_eq!(staged_smem(2, usize::MAX), None);
+        // 8B down (K = 14336, split 1): 28.7 KB a token.
+        assert_eq!(staged_max_m(14336, 100 * 1024), STAGED_MAX_M);
+        assert_eq!(staged_max_m(4096, 227 * 1024), STAGED_MAX_M);
+        assert_eq!(staged_max_m(14336, 28_687), 0);
+        assert_eq!(staged_max_m(14336, 28_688), 1);
+        assert_eq!(staged_max_m(usize::MAX, usize::MAX), 0);
     }
 
     #[test]

@@ -370,6 +370,20 @@ pub struct PackedGemvPlan {
     plan: Option<std::sync::Arc<cuda::PackedPlan>>,
 }
 
+impl PackedGemvPlan {
+    /// The CUDA kernel this plan launches for `m` tokens (the plan's choice per token
+    /// count, e.g. the staged kernel up to the tokens whose x fits its shared memory);
+    /// `None` on the CPU or past the plan's tokens. For tests and tables, not per call.
+    pub fn kernel_for(&self, m: usize) -> Option<&str> {
+        #[cfg(feature = "cuda")]
+        if let Some(p) = &self.plan {
+            return p.kernel_for(m);
+        }
+        let _ = m;
+        None
+    }
+}
+
 impl PackedNvfp4 {
     /// Plans the GEMV of this weight for up to `max_m` tokens (≤ 32) with or without
     /// the `silu_mul` epilogue; `pdl`: programmatic dependent launch (CUDA).

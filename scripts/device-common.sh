@@ -1,0 +1,22 @@
+# Sourced by the session device scripts (scripts/sNN-device.sh) from the repository root on
+# the device machine: unpacks the carried binaries, prints the GPU, and defines
+#   t BIN [TIMEOUT]   one carried test binary, its log under $OUT, the summary lines here;
+#   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW).
+for f in .carry/*.xz; do [ -e "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+t() {
+    [ -x ".carry/$1" ] || { echo "== $1: not carried"; return; }
+    echo "== $1"
+    timeout "${2:-120}" ./.carry/$1 --test-threads=1 --nocapture 2>&1 | tee "$OUT/$1.log" \
+        | grep -E "^test |test result|FAILED|panicked|worst" | grep -v " ok$" | tail -12
+}
+trace() {
+    echo "== trace $1"
+    CFP4_DECODE_ONLY="=$1" CFP4_DECODE_TRACE=1 timeout 200 "$NCU" --profile-from-start off \
+        --graph-profiling node --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+        ./.carry/decode_bench --bench > "$OUT/trace-$2.csv" 2> "$OUT/trace-$2.err"
+    echo "rc $?"; grep -E "step GPU time|ms/step" "$OUT/trace-$2.err"
+    python3 scripts/proto/ncu-step-summary.py "$OUT/trace-$2.csv" | tee "$OUT/trace-$2.txt"
+}
