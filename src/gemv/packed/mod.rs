@@ -20,8 +20,8 @@ mod layout;
 pub(crate) mod norm;
 
 pub use geometry::{
-    depth_suits, packed_geometry, pair_suits, use_norm_prologue, NORM_K_MAX, NORM_MAX_M,
-    PACKED_WARPS,
+    depth_suits, packed_geometry, pair_suits, stage_suits, staged_max_m, staged_slice_k,
+    staged_smem, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, STAGED_MAX_M,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
