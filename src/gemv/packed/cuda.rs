@@ -182,13 +182,14 @@ pub(crate) struct PackedPlan {
 }
 
 /// The staged twin of a plain one-tile plan: its function, the most tokens whose x rows
-/// fit its shared memory, and the K slice those rows span.
+/// fit its shared memory, and the shared memory of one token's row (`staged_smem(1, ·)`;
+/// a launch of `m ≤ max_m` tokens takes `m` of them, which the plan checked fits).
 #[derive(Debug)]
 struct StagedKernel {
     f: CudaFunction,
     name: String,
     max_m: usize,
-    slice_k: usize,
+    row_bytes: u32,
 }
 
 /// CTAs of `w` warps of kernel `f` that fit on one SM, for every warp count the planner
@@ -324,12 +325,17 @@ fn plan_staged(
         .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
     let slice_k = staged_slice_k(l.k, l.npairs, split);
     let max_m = staged_max_m(slice_k, avail.min(cap));
-    Ok((max_m > 0).then_some(StagedKernel {
-        f,
-        name,
-        max_m,
-        slice_k,
-    }))
+    // max_m > 0: one row fits the device's shared memory per CTA, so it fits u32.
+    let row_bytes = staged_smem(1, slice_k).and_then(|b| u32::try_from(b).ok());
+    Ok(match row_bytes {
+        Some(row_bytes) if max_m > 0 => Some(StagedKernel {
+            f,
+            name,
+            max_m,
+            row_bytes,
+        }),
+        _ => None,
+    })
 }
 
 /// The plan of kernel `f` with its geometry `(warps, split, pair)` (`pair`: the pair
@@ -386,17 +392,14 @@ impl PackedPlan {
     /// the staged kernel with its shared memory up to its token count, else the plan's.
     fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
         match &self.staged {
-            Some(s) if m <= s.max_m => {
-                // Fits u32: at most the device's shared memory per CTA (planned).
-                let smem = staged_smem(m, s.slice_k).unwrap_or(0) as u32;
-                (
-                    &s.f,
-                    Launch {
-                        smem,
-                        ..self.launch
-                    },
-                )
-            }
+            Some(s) if m <= s.max_m => (
+                &s.f,
+                Launch {
+                    // m ≤ max_m rows: planned to fit the device's shared memory per CTA.
+                    smem: m as u32 * s.row_bytes,
+                    ..self.launch
+                },
+            ),
             _ => (&self.f, self.launch),
         }
     }
