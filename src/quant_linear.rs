@@ -25,5 +25,6 @@ mod load;
 mod plan;
 mod weight;
 
+pub use forward::silu_mul_halves;
 pub use layer::QuantLinear;
 pub use plan::use_gemv;

@@ -33,8 +33,8 @@ fn median_ms(st: &CudaStream, n: usize, mut f: impl FnMut() -> Result<()>) -> Re
     Ok(t[t.len() / 2])
 }
 
-/// Median GPU milliseconds per call of `f`: `warmup` eager calls (module loads, cuBLAS
-/// handles), then `calls` calls (`f(i)`, `i` the call's index) captured in one CUDA graph,
+/// Median GPU milliseconds per call of `f`: `warmup` (at least one) eager calls (module
+/// loads, cuBLAS handles, candle's layout uploads), then `calls` calls (`f(i)`, `i` the call's index) captured in one CUDA graph,
 /// replayed once untimed and `replays` times between CUDA events.
 pub fn graph_ms_per_call(
     dev: &Device,
@@ -45,7 +45,14 @@ pub fn graph_ms_per_call(
 ) -> Result<f64> {
     const WHAT: &str = "graph_ms_per_call";
     let st = cuda_stream(dev, WHAT)?;
-    for i in 0..calls.min(warmup) {
+    // candle uploads a strided op's layout (dims, strides) from host memory per launch; its
+    // htod cache keeps persistent device copies, filled by the warm-up and read by the
+    // capture, so the graph never copies from freed host memory (as the decode step's graph).
+    let _cache = match dev {
+        Device::Cuda(d) => d.enable_cuda_graph_htod_cache(),
+        _ => bail!("{WHAT}: needs a CUDA device"),
+    };
+    for i in 0..calls.min(warmup.max(1)) {
         f(i)?;
     }
     dev.synchronize()?;

@@ -17,6 +17,8 @@
 //!   CFP4_DECODE_ONLY=smollm2 ... (rows whose name contains the string; `=name`: that row)
 //!   CFP4_DECODE_TRACE=1 ... (one more step between cuProfilerStart / Stop, for ncu, and its
 //!   GPU time between CUDA events)
+//!   CFP4_DECODE_PARTS=1 ... (the batch-1 8B NVFP4 row: its parts timed inside CUDA graphs,
+//!   [`parts`])
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, D};
@@ -25,6 +27,9 @@ use candle_fp4_models::config::LlamaConfig;
 use candle_fp4_models::{Llama, LoadOptions, RandomSpec};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+#[path = "decode_bench/parts.rs"]
+mod parts;
 
 const STEPS: usize = 40;
 
@@ -100,6 +105,9 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
     let t = time_steps(&mut m, c.ctx, c.batch)?;
     if std::env::var_os("CFP4_DECODE_TRACE").is_some() {
         trace_one_step(&mut m, dev)?;
+    }
+    if std::env::var_os("CFP4_DECODE_PARTS").is_some() && c.batch == 1 && c.ctx <= 512 {
+        parts::report(&mut m, c.ctx, dev)?;
     }
     let kv = m.kv_bytes_per_token() * c.ctx * c.batch;
     Ok(Row {

@@ -8,8 +8,9 @@ use crate::nvfp4::dequantize_rows;
 use candle_core::{bail, DType, Module, Result, Tensor};
 
 /// `silu(g) · u` over the halves `[g | u]` of a BF16 `[M, N]`: FP32 from the BF16 values,
-/// rounded to BF16 once (the GEMV's `silu_mul` epilogue).
-fn silu_mul_halves(y: &Tensor) -> Result<Tensor> {
+/// rounded to BF16 once (the GEMV's `silu_mul` epilogue, as separate ops: what a layer whose
+/// table entry says matmul runs after the matmul, and what `tune` times with it).
+pub fn silu_mul_halves(y: &Tensor) -> Result<Tensor> {
     let h = y.dim(1)? / 2;
     let g = y.narrow(1, 0, h)?.to_dtype(DType::F32)?;
     let u = y.narrow(1, h, h)?.to_dtype(DType::F32)?;

@@ -4,7 +4,8 @@
 //! as its `--tp` shards) and of `--shapes NxK[s],...`, and every M in `--ms` (default
 //! 1..=32): the packed NVFP4 GEMV (the token tile planned for M, PDL on and off, the faster
 //! kept) against NVFP4's own matmul path (packed dequantize + cuBLAS), and the BF16 GEMV
-//! against cuBLAS on the BF16 weight; CUDA-graph replays of ≥ 32 calls rotating among
+//! against cuBLAS on the BF16 weight; a `silu_mul` shape's matmul paths include the separate
+//! epilogue ops a layer on the matmul path runs ([`silu_mul_halves`]); CUDA-graph replays of ≥ 32 calls rotating among
 //! weight sets totalling ≥ 256 MiB (larger than L2), median of 9. The table lists, per
 //! shape, the token tiles whose geometric-mean speedup across the M they serve is above 1,
 //! with that margin (`candle_fp4_models::tune::table_entry`); everything else runs the
@@ -19,6 +20,7 @@ use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::gemv::{bf16_gemv_with, packed_nvfp4_gemv_planned, GemvKnobs, PackedNvfp4};
 use candle_fp4::nvfp4::swizzled_shape;
+use candle_fp4::quant_linear::silu_mul_halves;
 use candle_fp4::tables::TunedTable;
 use candle_fp4_models::config::LlamaConfig;
 use candle_fp4_models::tune::{gemv_shapes, parse_shapes, table_entry, GemvShape};
@@ -76,6 +78,13 @@ fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
     let wb: Vec<Tensor> = (0..sets16)
         .map(|_| Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16))
         .collect::<candle_core::Result<_>>()?;
+    // The matmul path's output as the layer would return it: the silu_mul epilogue as ops.
+    let epi = |y: Tensor| -> candle_core::Result<()> {
+        if s.silu_mul {
+            silu_mul_halves(&y)?;
+        }
+        Ok(())
+    };
     let (mut fp4, mut bf16) = (vec![], vec![]);
     for &m in ms {
         let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
@@ -90,13 +99,13 @@ fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
         }
         let dq = gpu_us(dev, c4.min(64), |i| {
             let w = packed[i % sets4].dequantize_bf16()?;
-            x.matmul(&w.t()?).map(|_| ())
+            epi(x.matmul(&w.t()?)?)
         })?;
         let opts = GemvKnobs::with_pdl(true);
         let gb = gpu_us(dev, c16, |i| {
             bf16_gemv_with(&x, &wb[i % sets16], s.silu_mul, &opts).map(|_| ())
         })?;
-        let mm = gpu_us(dev, c16, |i| x.matmul(&wb[i % sets16].t()?).map(|_| ()))?;
+        let mm = gpu_us(dev, c16, |i| epi(x.matmul(&wb[i % sets16].t()?)?))?;
         println!(
             "{:>10} {:>7}x{:<6} m={m:>2}: packed {g:>8.2} us, dequant+matmul {dq:>8.2} ({:.2}x); bf16 gemv {gb:>8.2}, matmul {mm:>8.2} ({:.2}x)",
             s.name,
