@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Eighteenth session's device runs: $@ = steps (check | tune | bench | parts | trace8b)
+# Eighteenth session's device runs: $@ = steps (check | tune | bench | parts | attn | trace8b)
 # check: $CHECK test binaries. tune: the table for the 8B, 70B (and TP-2 shards) and SmolLM2
-# shapes into $OUT/sm90.json. bench: decode_bench (with $OUT/sm90.json when tune wrote it). parts: the 8B b1 rows' step parts timed
-# inside CUDA graphs (CFP4_DECODE_PARTS). trace8b: ncu per kernel of the 8B step.
+# shapes into $OUT/sm90.json. bench: decode_bench (with $OUT/sm90.json when tune wrote it).
+# parts: the 8B b1 rows' step parts timed inside CUDA graphs (CFP4_DECODE_PARTS).
+# attn: the 8B b1 512 row under decode-attention knobs (CFP4_DECODE_ATTN), one run each.
+# trace8b: ncu per kernel of the 8B step.
 set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh
@@ -32,6 +34,14 @@ parts)
         CFP4_DECODE_ONLY="=$row" CFP4_DECODE_PARTS=1 CFP4_DECODE_TRACE=1 timeout 200 \
             ./.carry/decode_bench --bench > "$OUT/parts-$tag.log" 2>&1
         echo "rc $?"; grep -vE "^\s*$" "$OUT/parts-$tag.log" | grep -E "step GPU|parts|chain|x layers|only|norm|full|GEMV|ms/step|tok/s" | tail -16
+    done
+    ;;
+attn)
+    for a in ${ATTN:-default fused=1 splits=4 splits=4,fused=1 splits=8 splits=16 splits=16,fused=1 splits=2}; do
+        tag=$(echo "$a" | tr '=,' '__'); [ "$a" = default ] && a=""
+        CFP4_DECODE_ONLY="=8b nvfp4 b1 ctx512 kvbf16 graph" CFP4_DECODE_ATTN="$a" timeout 100 \
+            ./.carry/decode_bench --bench > "$OUT/attn-$tag.log" 2>&1
+        echo "attn $tag: rc $? $(grep -E '^8b nvfp4 b1' "$OUT/attn-$tag.log" | tail -1)"
     done
     ;;
 trace8b)

@@ -17,6 +17,7 @@
 //!   CFP4_DECODE_ONLY=smollm2 ... (rows whose name contains the string; `=name`: that row)
 //!   CFP4_DECODE_TRACE=1 ... (one more step between cuProfilerStart / Stop, for ncu, and its
 //!   GPU time between CUDA events)
+//!   CFP4_DECODE_ATTN=splits=N,fused=0|1 ... (the attention's knobs, for a sweep)
 //!   CFP4_DECODE_PARTS=1 ... (the batch-1 8B NVFP4 row: its parts timed inside CUDA graphs,
 //!   [`parts`])
 
@@ -93,7 +94,7 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         cuda_graph: c.graph,
         knobs: candle_fp4::knobs::Knobs {
             gemv: candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl),
-            ..Default::default()
+            attention: attn_knobs()?,
         },
         ..LoadOptions::default()
     };
@@ -116,6 +117,23 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         batch: c.batch,
         bytes: m.weight_bytes() + kv,
     })
+}
+
+/// `CFP4_DECODE_ATTN=splits=N,fused=0|1`: the decode attention's knobs for every row (an
+/// experiment's sweep; unset: the planned defaults).
+fn attn_knobs() -> Result<candle_fp4::kv_cache::AttnKnobs> {
+    let mut k = candle_fp4::kv_cache::AttnKnobs::default();
+    let Ok(v) = std::env::var("CFP4_DECODE_ATTN") else {
+        return Ok(k);
+    };
+    for item in v.split(',').filter(|s| !s.is_empty()) {
+        match item.split_once('=') {
+            Some(("splits", n)) => k.splits = Some(n.parse().context("CFP4_DECODE_ATTN splits")?),
+            Some(("fused", b)) => k.fused_merge = Some(b == "1"),
+            _ => anyhow::bail!("CFP4_DECODE_ATTN: `{item}` is not splits=N or fused=0|1"),
+        }
+    }
+    Ok(k)
 }
 
 /// The wall times of `STEPS` greedy steps at context `ctx` after the warm-up (one eager
