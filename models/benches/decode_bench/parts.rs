@@ -7,7 +7,8 @@
 //! protocol (one eager run under candle's htod cache, then the recording) and replayed:
 //! the median of 9 single replays between CUDA events, and 20 replays back to back over
 //! 20. The full step's own graph is timed the same way. Differences between chains are
-//! what the left-out ops cost inside a graph, kernel boundaries included.
+//! what the left-out ops cost inside a graph, kernel boundaries included; the chains with
+//! 64-value norms split a norm's cost into its kernel boundary and its own work.
 
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
@@ -151,6 +152,41 @@ pub fn report(m: &mut Llama, ctx: usize, dev: &Device) -> Result<()> {
                 for n in &norms {
                     n.0.forward(&x, Some(&d))?;
                     n.1.forward(&x, Some(&d))?;
+                }
+                Ok(())
+            }),
+        )?,
+    ));
+    // The same chains with norms of 64 values: what a norm kernel costs between the GEMVs
+    // when it has almost nothing to do (its launch and the dependency), against the
+    // chains above (a norm's own work on a 4096-value row).
+    let tiny = |seed: f64| -> Result<Tensor> { Ok(rnd(h, seed)?.narrow(1, 0, 64)?.contiguous()?) };
+    let (x64, d64) = (tiny(0.1)?, tiny(0.3)?);
+    let n64 = AddRmsNorm::new(&Tensor::ones(64, dt, dev)?, eps)?;
+    rows.push((
+        "GEMVs + 64-value norms",
+        time_chain(
+            dev,
+            Box::new(|| {
+                for i in 0..layers {
+                    n64.forward(&x64, Some(&d64))?;
+                    qkv[i].forward(&x)?;
+                    o[i].forward(&y)?;
+                    n64.forward(&x64, Some(&d64))?;
+                    gu[i].forward_silu_mul(&x)?;
+                    down[i].forward(&act)?;
+                }
+                Ok(())
+            }),
+        )?,
+    ));
+    rows.push((
+        "64-value norms only (2/layer)",
+        time_chain(
+            dev,
+            Box::new(|| {
+                for _ in 0..2 * layers {
+                    n64.forward(&x64, Some(&d64))?;
                 }
                 Ok(())
             }),
