@@ -160,8 +160,7 @@ pub fn report(m: &mut Llama, ctx: usize, dev: &Device) -> Result<()> {
     // The same chains with norms of 64 values: what a norm kernel costs between the GEMVs
     // when it has almost nothing to do (its launch and the dependency), against the
     // chains above (a norm's own work on a 4096-value row).
-    let tiny = |seed: f64| -> Result<Tensor> { Ok(rnd(h, seed)?.narrow(1, 0, 64)?.contiguous()?) };
-    let (x64, d64) = (tiny(0.1)?, tiny(0.3)?);
+    let (x64, d64) = (rnd(64, 0.1)?, rnd(64, 0.3)?);
     let n64 = AddRmsNorm::new(&Tensor::ones(64, dt, dev)?, eps)?;
     rows.push((
         "GEMVs + 64-value norms",
