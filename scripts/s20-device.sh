@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Twentieth session's device runs: $@ = steps (ws | check | abbin | bench)
+# ws: the packed-GEMV harness with the warp-specialized kernels (CFP4_PGEMV_WS=1; needs
+#   docs/logs/s20/ws-library.patch applied, then scripts/proto/build-pgemv-bench.sh) on
+#   $WS_SHAPES (default: the 8B / 70B plain layers and SmolLM2's), M = 1, 4, 8, 16, 32.
+# check: $CHECK test binaries. bench: decode_bench.
+# abbin: rows $AB_ROWS (';'-separated) from the carried decode_bench (main) and
+#   decode_bench_new (this tree), $AB_ROUNDS alternating rounds; logs in abbin-logs.tar.xz.
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh
+ab_rows() {
+    local prefix=$1; shift
+    IFS=';' read -ra rows <<< "${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}"
+    for r in $(seq 1 "${AB_ROUNDS:-2}"); do for row in "${rows[@]}"; do for bin in "$@"; do
+        tag="$prefix-$r-$bin-$(echo "$row" | tr -c 'a-z0-9\n' '_')"
+        CFP4_DECODE_ONLY="=$row" timeout 100 ./.carry/$bin --bench > "$OUT/$tag.log" 2>&1
+        echo "round $r $bin rc $? | $(grep -E "^$row" "$OUT/$tag.log" | tail -1)"
+    done; done; done
+}
+for step in ${@}; do case "$step" in
+ws)
+    echo "== pgemv_bench ws"
+    CFP4_PGEMV_WS=1 CFP4_PGEMV_ONLY="${WS_SHAPES:-8B qkv,8B o,8B down,8B lm_head,70B qkv,70B o,70B down,S qkv,S o,S down,odd}" \
+        timeout 400 ./.carry/pgemv_bench > "$OUT/pgemv_ws.log" 2>&1
+    echo "rc $?"; grep -E "^copy|^\| (8B|70B|S |odd)|ws \(|FAIL|failures" "$OUT/pgemv_ws.log" | grep -E " 1 \||ws|copy|FAIL|failures" | head -60
+    ;;
+check)
+    for b in ${CHECK:-gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done
+    ;;
+abbin)
+    ab_rows abbin decode_bench decode_bench_new
+    tar -C "$OUT" -cJf "$OUT/abbin-logs.tar.xz" $(cd "$OUT" && ls abbin-*.log) && rm -f "$OUT"/abbin-*.log
+    ;;
+bench)
+    echo "== decode_bench"
+    timeout 400 ./.carry/decode_bench --bench > "$OUT/decode_bench.log" 2>&1
+    echo "rc $?"; tail -24 "$OUT/decode_bench.log"
+    ;;
+esac; done
