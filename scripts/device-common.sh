@@ -1,7 +1,8 @@
 # Sourced by the session device scripts (scripts/sNN-device.sh) from the repository root on
 # the device machine: unpacks the carried binaries, prints the GPU, and defines
 #   t BIN [TIMEOUT]   one carried test binary, its log under $OUT, the summary lines here;
-#   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW).
+#   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW);
+#   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds.
 for f in .carry/*.xz; do [ -e "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -19,4 +20,16 @@ trace() {
         ./.carry/decode_bench --bench > "$OUT/trace-$2.csv" 2> "$OUT/trace-$2.err"
     echo "rc $?"; grep -E "step GPU time|ms/step" "$OUT/trace-$2.err"
     python3 scripts/proto/ncu-step-summary.py "$OUT/trace-$2.csv" | tee "$OUT/trace-$2.txt"
+}
+# ab_rows PREFIX VARIANT...: each VARIANT is "binary[ ENV=VALUE]"; every round runs every
+# row under every variant, one log each ($OUT/PREFIX-round-variant-row.log).
+ab_rows() {
+    local prefix=$1; shift
+    IFS=';' read -ra rows <<< "${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph}"
+    for r in $(seq 1 "${AB_ROUNDS:-3}"); do for row in "${rows[@]}"; do for v in "$@"; do
+        read -r bin env <<< "$v"
+        tag="$prefix-$r-$(echo "$v $row" | tr -c 'a-z0-9\n' '_')"
+        env CFP4_DECODE_ONLY="=$row" $env timeout 100 ./.carry/$bin --bench > "$OUT/$tag.log" 2>&1
+        echo "round $r $v rc $? | $(grep -E "^$row" "$OUT/$tag.log" | tail -1)"
+    done; done; done
 }

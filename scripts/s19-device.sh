@@ -10,18 +10,6 @@
 set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh
-# ab_rows PREFIX VARIANT...: each VARIANT is "binary[ ENV=VALUE]"; every round runs every
-# row under every variant, one log each ($OUT/PREFIX-round-variant-row.log).
-ab_rows() {
-    local prefix=$1; shift
-    IFS=';' read -ra rows <<< "${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph}"
-    for r in $(seq 1 "${AB_ROUNDS:-3}"); do for row in "${rows[@]}"; do for v in "$@"; do
-        read -r bin env <<< "$v"
-        tag="$prefix-$r-$(echo "$v $row" | tr -c 'a-z0-9\n' '_')"
-        env CFP4_DECODE_ONLY="=$row" $env timeout 100 ./.carry/$bin --bench > "$OUT/$tag.log" 2>&1
-        echo "round $r $v rc $? | $(grep -E "^$row" "$OUT/$tag.log" | tail -1)"
-    done; done; done
-}
 for step in ${@}; do case "$step" in
 check)
     for b in ${CHECK:-gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done

@@ -9,15 +9,6 @@
 set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh
-ab_rows() {
-    local prefix=$1; shift
-    IFS=';' read -ra rows <<< "${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}"
-    for r in $(seq 1 "${AB_ROUNDS:-2}"); do for row in "${rows[@]}"; do for bin in "$@"; do
-        tag="$prefix-$r-$bin-$(echo "$row" | tr -c 'a-z0-9\n' '_')"
-        CFP4_DECODE_ONLY="=$row" timeout 100 ./.carry/$bin --bench > "$OUT/$tag.log" 2>&1
-        echo "round $r $bin rc $? | $(grep -E "^$row" "$OUT/$tag.log" | tail -1)"
-    done; done; done
-}
 for step in ${@}; do case "$step" in
 ws)
     echo "== pgemv_bench ws"
@@ -29,7 +20,8 @@ check)
     for b in ${CHECK:-gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done
     ;;
 abbin)
-    ab_rows abbin decode_bench decode_bench_new
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abbin decode_bench decode_bench_new
     tar -C "$OUT" -cJf "$OUT/abbin-logs.tar.xz" $(cd "$OUT" && ls abbin-*.log) && rm -f "$OUT"/abbin-*.log
     ;;
 bench)
