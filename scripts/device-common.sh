@@ -2,7 +2,8 @@
 # the device machine: unpacks the carried binaries, prints the GPU, and defines
 #   t BIN [TIMEOUT]   one carried test binary, its log under $OUT, the summary lines here;
 #   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW);
-#   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds.
+#   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds;
+#   ab_binaries       ab_rows of the carried decode_bench against decode_bench_new, logs packed.
 for f in .carry/*.xz; do [ -e "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -32,4 +33,10 @@ ab_rows() {
         env CFP4_DECODE_ONLY="=$row" $env timeout 100 ./.carry/$bin --bench > "$OUT/$tag.log" 2>&1
         echo "round $r $v rc $? | $(grep -E "^$row" "$OUT/$tag.log" | tail -1)"
     done; done; done
+}
+# The two carried decode_bench builds (main's and the changed tree's) alternated row by row;
+# their logs packed into $OUT/abbin-logs.tar.xz.
+ab_binaries() {
+    ab_rows abbin decode_bench decode_bench_new
+    tar -C "$OUT" -cJf "$OUT/abbin-logs.tar.xz" $(cd "$OUT" && ls abbin-*.log) && rm -f "$OUT"/abbin-*.log
 }

@@ -19,8 +19,7 @@ ab)
     ab_rows ab "${variants[@]}"
     ;;
 abbin)
-    ab_rows abbin decode_bench decode_bench_new
-    tar -C "$OUT" -cJf "$OUT/abbin-logs.tar.xz" $(cd "$OUT" && ls abbin-*.log) && rm -f "$OUT"/abbin-*.log
+    ab_binaries
     ;;
 parts)
     echo "== parts"

@@ -21,8 +21,7 @@ check)
     ;;
 abbin)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abbin decode_bench decode_bench_new
-    tar -C "$OUT" -cJf "$OUT/abbin-logs.tar.xz" $(cd "$OUT" && ls abbin-*.log) && rm -f "$OUT"/abbin-*.log
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
     ;;
 bench)
     echo "== decode_bench"
