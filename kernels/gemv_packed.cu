@@ -1,32 +1,10 @@
-// gemv_packed.cu: small-M (M <= 32) NVFP4 GEMV over weights repacked once at load, its
-// packer and its dequantizer. y = epilogue(out_scale * x . W^T) on tensor cores, with
+// gemv_packed.cu: small-M (M <= 32) NVFP4 GEMV over weights repacked once at load
+// (gemv_pack.cu packs them). y = epilogue(out_scale * x . W^T) on tensor cores, with
 // the numerics of gemv.cu: exact bf16 weights e2m1 * e4m3 * 2^-8, FP32 accumulation,
 // out_scale = global_scale * 2^8 on the accumulator, one rounding to bf16.
 //
-// Packed layout (made here by cfp4_pack_codes / cfp4_pack_scales from the ModelOpt
-// layout: codes uint8 [N, K/2], low nibble = even k; E4M3 scales per 16 k, 128x4-swizzled;
-// src/gemv/packed.rs is the CPU reference of both):
-//   Packed rows: N padded to 16-row tiles; when N is even, in two segments of
-//   half_pad = round_up(N/2, 16) rows (packed row p < half_pad is row p, else row
-//   N/2 + p - half_pad), so the gate and up halves of a [gate | up] layer start on tile
-//   bounds. Padding rows are zero codes with zero scales.
-//   Codes: [tile][chunk c < 2*npairs][lane][16 bytes], chunk c = k 64c .. 64c+63 (chunks
-//   past K are zero). Lane (g = lane/4, t = lane%4) holds rows r0 = 16*tile + g and
-//   r1 = r0 + 8 at k = 64c + 16t .. +15 as 4 words; word j holds kj .. kj+3
-//   (kj = 64c + 16t + 4j) of both rows, its bits placed so that packed_word_pairs
-//   (nvfp4_decode.cuh: 2 integer ops per pair on the software path; bytes through the
-//   E2M1 convert on sm_100a) yields the mma.m16n8k16 A fragment in order:
-//   out[0] = r0 (kj, kj+1), out[1] = r1 (kj, kj+1), out[2] = r0 (kj+2, kj+3),
-//   out[3] = r1 (kj+2, kj+3). The MMA's k order is free as long as x agrees: lane t's x
-//   for word j is x[kj .. kj+3], natural bf16 pairs (no permute).
-//   Scales: [tile][pair p < npairs][lane][u32], pair p = chunks 2p, 2p+1. Lane t's 16 k of
-//   a chunk are exactly one 16-block, so a lane needs one scale per row per chunk; the
-//   word packs four bytes T: bits 4..11 T(r0, 2p), 20..27 T(r1, 2p), 12..19 T(r0, 2p+1),
-//   and T(r1, 2p+1) low nibble at 28..31, high nibble at 0..3. Then
-//   (w & 0x0ff00ff0) | base and (rotr(w, 8) & 0x0ff00ff0) | base (chunk 2p+1) are the
-//   bf16x2 (s(r0), s(r1)) = e4m3 * 2^(kRawLog2 - 8): T = ((E - kTBase) << 3) | m3 with E,
-//   m3 the biased exponent and top 3 mantissa bits of that bf16 (E4M3 subnormals
-//   normalised). A zero scale gives T = 0 and its block's codes are zeroed when packing.
+// Packed layout: gemv_packed_layout.cuh (made by gemv_pack.cu's packer; src/gemv/packed/layout.rs
+// is the CPU reference).
 //
 // Work split: a CTA of WARPS warps serves one group (plain: one row tile; pair: row tiles
 // 2i and 2i + 1; silu_mul: gate tile i and up tile half_pad/16 + i, so the epilogue has both) and one of `split` slices
@@ -61,6 +39,7 @@
 #include "gemv_common.cuh"
 #include "nvfp4_decode.cuh"
 #include "rmsnorm_math.cuh"
+#include "gemv_packed_layout.cuh"
 
 namespace {
 
@@ -70,58 +49,15 @@ namespace {
 #include "gemv_packed_instances.inc"
 #undef CFP4_PGEMV_CONFIG
 constexpr int MAX_THREADS = MAX_WARPS * 32;
-constexpr uint32_t kScaleMask = 0x0ff00ff0u;
-// Exponent base of T: its bits start above bit 11 on the software path, so "| base" is
-// one LOP3; the hardware path's scales sit 14 binades lower and add it.
-constexpr int kTBase = CFP4_HW_E2M1 ? 208 : 224;
-constexpr uint32_t kScaleBase = uint32_t(kTBase << 7) * 0x10001u;
-
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
 using cfp4::ld_stream_u32;
 using cfp4::ld_stream_v4;
 using cfp4::mma_bf16;
 
-// bf16x2 (s(r0), s(r1)) of chunk 2p + h from the pair's scale word.
-__device__ __forceinline__ uint32_t scale_regs(uint32_t w, int h) {
-    const uint32_t v = h == 0 ? w : __funnelshift_r(w, w, 8);
-#if CFP4_HW_E2M1
-    return (v & kScaleMask) + kScaleBase;
-#else
-    return (v & kScaleMask) | kScaleBase;
-#endif
-}
-
-// T of an E4M3 scale byte (finite, sign ignored: the loaders reject negative scales and
-// -0 is a zero scale).
-__device__ __forceinline__ uint32_t scale_t(uint32_t b) {
-    b &= 0x7fu;
-    if (b == 0) return 0;
-    const int e = int(b >> 3), m = int(b & 7u);
-    int E, m3;
-    if (e > 0) {
-        E = e + (kRawLog2 - 8) + 120;  // (1 + m/8) 2^(e-7) * 2^(kRawLog2-8), bias 127
-        m3 = m;
-    } else {
-        const int lead = 31 - __clz(m);  // m * 2^-9 = 2^(lead-9) * (m / 2^lead)
-        E = lead + (kRawLog2 - 8) + 118;
-        m3 = (m << (3 - lead)) & 7;
-    }
-    return uint32_t(((E - kTBase) << 3) | m3);
-}
-
 // Packed row tiles of the layer (both segments when N is even).
 __device__ __forceinline__ int packed_tiles(const PackedGemvParams& p) {
     return p.half_pad ? p.half_pad / 8 : (p.n + 15) / 16;
-}
-
-// Packed row -> weight row, or -1 for a padding row.
-__device__ __forceinline__ int real_row(int prow, int n, int half_pad) {
-    if (half_pad == 0) return prow < n ? prow : -1;
-    const int half = n / 2;
-    if (prow < half_pad) return prow < half ? prow : -1;
-    const int q = prow - half_pad;
-    return q < half ? half + q : -1;
 }
 
 // Where the main loop reads x: global memory, the normalized rows (norm variants) or the
@@ -500,49 +436,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], group, slice);
 }
 
-// Software decode: bit of the packed word that holds bit b (0 = m, 1 = e0, 2 = e1, 3 = s)
-// of half h's code of pair r (packed_word_pairs in nvfp4_decode.cuh inverts this).
-__device__ __forceinline__ int code_bit_pos(int r, int h, int b) {
-    const int out = (b == 3 ? 15 : 6 + b) + 16 * h;  // where packed_word_pairs puts it
-    if (r < 3) return (out + 3 * r) & 31;            // rotated right by 3r
-    const int low[4] = {3, 4, 0, 1};                 // pair 3: the multiply's sources
-    return low[b] + 16 * h;
-}
-
-// Packed word j of lane (g, t) of chunk c of `tile`, from the ModelOpt layout (see top).
-__device__ __forceinline__ uint32_t pack_word(const PackParams& p, int tile, int c, int lane, int j) {
-    const int g = lane >> 2, t = lane & 3;
-    const int kj = 64 * c + 16 * t + 4 * j;
-    uint32_t v[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [row][k - kj]
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int row = real_row(16 * tile + g + 8 * rr, p.n, p.half_pad);
-        if (row < 0 || kj >= p.k) continue;
-        if ((p.scales[swizzled_offset(uint32_t(row), uint32_t(kj / 16), uint32_t(p.sp))] & 0x7fu) == 0) continue;
-        const uint8_t* src = p.codes + size_t(row) * (p.k / 2) + kj / 2;
-        v[rr][0] = src[0] & 15u;
-        v[rr][1] = src[0] >> 4;
-        v[rr][2] = src[1] & 15u;
-        v[rr][3] = src[1] >> 4;
-    }
-    // pair r of the A fragment: (first, second) k of (row, k offset)
-    const uint32_t pr[4][2] = {{v[0][0], v[0][1]}, {v[1][0], v[1][1]}, {v[0][2], v[0][3]}, {v[1][2], v[1][3]}};
-    uint32_t word = 0;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        if (CFP4_HW_E2M1) {
-            word |= (pr[r][0] << (8 * r)) | (pr[r][1] << (8 * r + 4));
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int b = 0; b < 4; ++b)
-                    if ((pr[r][h] >> b) & 1u) word |= 1u << code_bit_pos(r, h, b);
-        }
-    }
-    return word;
-}
-
 }  // namespace
 
 // Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
@@ -561,61 +454,3 @@ constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >
 
 // Every variant of src/variants.rs (generated by build.rs).
 #include "gemv_packed_instances.inc"
-
-// One thread per 16-byte lane record of the packed codes.
-extern "C" __global__ void __launch_bounds__(256) cfp4_pack_codes(const __grid_constant__ PackParams p) {
-    const size_t nch = size_t(2 * p.npairs);
-    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= size_t(p.tiles) * nch * 32) return;
-    const int lane = int(i % 32), c = int((i / 32) % nch), tile = int(i / 32 / nch);
-    uint4 v;
-    v.x = pack_word(p, tile, c, lane, 0);
-    v.y = pack_word(p, tile, c, lane, 1);
-    v.z = pack_word(p, tile, c, lane, 2);
-    v.w = pack_word(p, tile, c, lane, 3);
-    reinterpret_cast<uint4*>(p.out_codes)[i] = v;
-}
-
-// One thread per packed scale word.
-extern "C" __global__ void __launch_bounds__(256) cfp4_pack_scales(const __grid_constant__ PackParams p) {
-    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= size_t(p.tiles) * p.npairs * 32) return;
-    const int lane = int(i % 32), pair = int((i / 32) % p.npairs), tile = int(i / 32 / p.npairs);
-    const int g = lane >> 2, t = lane & 3;
-    uint32_t T[2][2] = {{0, 0}, {0, 0}};  // [row][chunk of the pair]
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int row = real_row(16 * tile + g + 8 * rr, p.n, p.half_pad);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int c = 2 * pair + h;
-            if (row < 0 || 64 * c >= p.k) continue;
-            T[rr][h] = scale_t(p.scales[swizzled_offset(uint32_t(row), uint32_t(4 * c + t), uint32_t(p.sp))]);
-        }
-    }
-    p.out_scales[i] = (T[0][0] << 4) | (T[1][0] << 20) | (T[0][1] << 12) | ((T[1][1] & 15u) << 28) | (T[1][1] >> 4);
-}
-
-// Exact BF16 rows from the packed layout: one thread per packed word (4 k of two rows).
-extern "C" __global__ void __launch_bounds__(256) cfp4_dequantize_packed(const __grid_constant__ PackedDequantParams p) {
-    const size_t nch = size_t(2 * p.npairs);
-    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= size_t(p.tiles) * nch * 128) return;
-    const int j = int(i % 4), lane = int((i / 4) % 32), c = int((i / 128) % nch), tile = int(i / 128 / nch);
-    const int g = lane >> 2, t = lane & 3;
-    const int kj = 64 * c + 16 * t + 4 * j;
-    if (kj >= p.k) return;
-    const uint32_t word = reinterpret_cast<const uint32_t*>(p.w)[i];
-    const uint32_t S = scale_regs(p.scales[(size_t(tile) * p.npairs + c / 2) * 32 + lane], c & 1);
-    uint32_t r[4];
-    packed_word_pairs(word, r);
-    const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
-    // bf16x2 (256, 256) undoes the decode's 2^-8, exactly (|e2m1 * e4m3| <= 2688).
-    constexpr uint32_t two8 = 0x43804380u;
-    const uint32_t a0 = bf16x2_mul(bf16x2_mul(r[0], sa), two8), a1 = bf16x2_mul(bf16x2_mul(r[1], sb), two8);
-    const uint32_t a2 = bf16x2_mul(bf16x2_mul(r[2], sa), two8), a3 = bf16x2_mul(bf16x2_mul(r[3], sb), two8);
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    const int row0 = real_row(16 * tile + g, p.n, p.half_pad), row1 = real_row(16 * tile + g + 8, p.n, p.half_pad);
-    if (row0 >= 0) *reinterpret_cast<uint2*>(out + size_t(row0) * p.k + kj) = make_uint2(a0, a2);
-    if (row1 >= 0) *reinterpret_cast<uint2*>(out + size_t(row1) * p.k + kj) = make_uint2(a1, a3);
-}

@@ -41,7 +41,7 @@ pub(crate) struct Plans {
     /// CUDA, packed NVFP4 weights with K ≤ `NORM_K_MAX`: the GEMV with the RMSNorm prologue
     /// (without and with `silu_mul`), for the `m` whose choice is the one-tile packed GEMV.
     #[cfg(feature = "cuda")]
-    norm: [Option<std::sync::Arc<crate::gemv::packed::cuda::NormGemvPlan>>; 2],
+    norm: [Option<std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>>; 2],
 }
 
 impl Plans {
@@ -110,13 +110,13 @@ impl Plans {
                     if silu && !n.is_multiple_of(2) {
                         continue;
                     }
-                    let w = crate::gemv::packed::cuda::PackedWeightRef {
+                    let w = crate::gemv::packed::cuda_norm::PackedWeightRef {
                         layout: p.layout(),
                         codes: p.codes(),
                         scales: p.scales(),
                         global_scale: p.global_scale(),
                     };
-                    *slot = crate::gemv::packed::cuda::plan_norm(d, &w, silu, pdl, false)?
+                    *slot = crate::gemv::packed::cuda_norm::plan_norm(d, &w, silu, pdl, false)?
                         .map(std::sync::Arc::new);
                 }
                 v
@@ -140,7 +140,7 @@ impl Plans {
         m: usize,
         k: usize,
         silu_mul: bool,
-    ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda::NormGemvPlan>> {
+    ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>> {
         let packed = matches!(self.choice(m, silu_mul), Choice::Packed(_));
         if packed && crate::gemv::packed::use_norm_prologue(m, k) {
             self.norm[usize::from(silu_mul)].as_ref()

@@ -1,20 +1,20 @@
-//! CUDA forward of the packed-NVFP4 ops (`kernels/gemv_packed.cu`): the packer and the
-//! dequantizer (planned per call: they run at load), and the GEMV, whose [`plan`] resolves
-//! the kernel, its geometry and its split-K workspace once per layer and token tile, so
-//! that [`forward`] only checks the storages and launches.
+//! CUDA forward of the packed-NVFP4 GEMV (`kernels/gemv_packed.cu`): [`plan`] resolves the
+//! kernel, its geometry and its split-K workspace once per layer and token tile, so that
+//! [`forward`] only checks the storages and launches. The packer and the dequantizer
+//! (`kernels/gemv_pack.cu`) are in `cuda_pack.rs`, the norm variants' plan and launch in
+//! `cuda_norm.rs`.
 
 use super::geometry::{
     depth_suits, packed_geometry, pair_suits, stage_suits, staged_max_m, staged_slice_k,
-    staged_smem, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+    staged_smem, PACKED_WARPS,
 };
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
-use crate::kernel_params::{PackParams, PackedDequantParams, PackedGemvParams};
+use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
-use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use crate::variants::{
-    pgemv_depths, pgemv_kernel_name, pgemv_norm_kernel_name, pgemv_pair_kernel_name,
-    pgemv_staged_kernel_name, PGEMV_NORM_KERNELS, PGEMV_NTS, PGEMV_PAIR_U, PGEMV_STAGED_U,
+    pgemv_depths, pgemv_kernel_name, pgemv_pair_kernel_name, pgemv_staged_kernel_name, PGEMV_NTS,
+    PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -24,130 +24,6 @@ use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Shape};
 use half::bf16;
 
 unsafe impl DeviceRepr for PackedGemvParams {}
-unsafe impl DeviceRepr for PackParams {}
-unsafe impl DeviceRepr for PackedDequantParams {}
-
-fn one_d(threads: usize) -> Result<Launch> {
-    let blocks = threads.div_ceil(256);
-    if blocks > u32::MAX as usize {
-        bail!("packed NVFP4: {threads} threads are too many for one launch");
-    }
-    Ok(Launch {
-        grid: (blocks as u32, 1, 1),
-        block: 256,
-        cluster: 1,
-        pdl: false,
-        smem: 0,
-    })
-}
-
-/// Packs the codes (`codes` true: inputs codes + swizzled scales → U8 packed codes) or
-/// the scales (inputs: the swizzled scales twice → U32 scale words).
-pub(crate) fn pack(
-    l: &PackedLayout,
-    a: &CudaStorage,
-    la: &Layout,
-    b: &CudaStorage,
-    lb: &Layout,
-    codes: bool,
-) -> Result<(CudaStorage, Shape)> {
-    const OP: &str = "nvfp4-pack";
-    let dev = a.device().clone();
-    let stream = dev.cuda_stream();
-    let image = facts(&dev)?.image;
-    let name = if codes {
-        "cfp4_pack_codes"
-    } else {
-        "cfp4_pack_scales"
-    };
-    let (f, _) = module(&dev, KernelFile::GemvPacked, image)?.function(name)?;
-    let (s0, s1) = contiguous_range(OP, "scales", lb)?;
-    let scales = b.as_cuda_slice::<u8>()?.slice(s0..s1);
-    let (sp_ptr, _gs) = scales.device_ptr(&stream);
-    let mut p = PackParams {
-        codes: 0,
-        scales: sp_ptr,
-        out_codes: 0,
-        out_scales: 0,
-        n: l.n as i32,
-        k: l.k as i32,
-        sp: swizzled_shape(l.n, l.k / BLOCK_SIZE).1 as i32,
-        half_pad: l.half_pad as i32,
-        tiles: l.tiles as i32,
-        npairs: l.npairs as i32,
-    };
-    if codes {
-        let (c0, c1) = contiguous_range(OP, "codes", la)?;
-        let cs = a.as_cuda_slice::<u8>()?.slice(c0..c1);
-        let mut out = dev.alloc_zeros::<u8>(l.code_bytes())?;
-        {
-            let (cp, _gc) = cs.device_ptr(&stream);
-            let (op_, _go) = out.device_ptr_mut(&stream);
-            p.codes = cp;
-            p.out_codes = op_;
-            unsafe { launch(&stream, &f, one_d(l.code_bytes() / 16)?, &p)? };
-        }
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev),
-            Shape::from(l.code_bytes()),
-        ))
-    } else {
-        let mut out = dev.alloc_zeros::<u32>(l.scale_words())?;
-        {
-            let (op_, _go) = out.device_ptr_mut(&stream);
-            p.out_scales = op_;
-            unsafe { launch(&stream, &f, one_d(l.scale_words())?, &p)? };
-        }
-        Ok((
-            CudaStorage::wrap_cuda_slice(out, dev),
-            Shape::from(l.scale_words()),
-        ))
-    }
-}
-
-/// Exact BF16 `[N, K]` from the packed codes and scale words.
-pub(crate) fn dequantize(
-    l: &PackedLayout,
-    c: &CudaStorage,
-    lc: &Layout,
-    s: &CudaStorage,
-    ls: &Layout,
-) -> Result<(CudaStorage, Shape)> {
-    const OP: &str = "nvfp4-packed-dequantize";
-    let dev = c.device().clone();
-    let stream = dev.cuda_stream();
-    let image = facts(&dev)?.image;
-    let (f, _) = module(&dev, KernelFile::GemvPacked, image)?.function("cfp4_dequantize_packed")?;
-    let (c0, c1) = contiguous_range(OP, "codes", lc)?;
-    let (s0, s1) = contiguous_range(OP, "scales", ls)?;
-    if c1 - c0 != l.code_bytes() || s1 - s0 != l.scale_words() {
-        bail!("{OP}: storages do not match the [{}, {}] layout", l.n, l.k);
-    }
-    let cs = c.as_cuda_slice::<u8>()?.slice(c0..c1);
-    let ss = s.as_cuda_slice::<u32>()?.slice(s0..s1);
-    let mut out = unsafe { dev.alloc::<bf16>(l.n * l.k)? };
-    {
-        let (cp, _g1) = cs.device_ptr(&stream);
-        let (sp, _g2) = ss.device_ptr(&stream);
-        let (op_, _g3) = out.device_ptr_mut(&stream);
-        let p = PackedDequantParams {
-            w: cp,
-            scales: sp,
-            out: op_,
-            n: l.n as i32,
-            k: l.k as i32,
-            half_pad: l.half_pad as i32,
-            tiles: l.tiles as i32,
-            npairs: l.npairs as i32,
-            pad: 0,
-        };
-        unsafe { launch(&stream, &f, one_d(l.code_bytes() / 4)?, &p)? };
-    }
-    Ok((
-        CudaStorage::wrap_cuda_slice(out, dev),
-        Shape::from((l.n, l.k)),
-    ))
-}
 
 /// The smallest token tile covering `m` tokens.
 pub(crate) fn tile_for(m: usize) -> usize {
@@ -162,23 +38,23 @@ pub(crate) fn tile_for(m: usize) -> usize {
 /// The workspace makes a plan serve one stream at a time (candle runs one per device).
 #[derive(Debug)]
 pub(crate) struct PackedPlan {
-    f: CudaFunction,
+    pub(super) f: CudaFunction,
     /// The kernel's name (for tests and `tune`'s tables; never read per call).
     name: String,
-    launch: Launch,
+    pub(super) launch: Launch,
     /// The staged kernel (same geometry, x of each CTA's K slice in shared memory) for
     /// up to its `max_m` tokens, where `stage_suits`.
     staged: Option<StagedKernel>,
-    layout: PackedLayout,
-    silu_mul: bool,
+    pub(super) layout: PackedLayout,
+    pub(super) silu_mul: bool,
     max_m: usize,
     /// CTA groups (each `split` CTAs): row tiles, tile pairs (silu_mul, or the pair
     /// kernel).
     groups: usize,
     split: usize,
     /// Split > 1: partial sums and the per-group arrival counters (zero between calls).
-    partial: Option<CudaSlice<f32>>,
-    counters: Option<CudaSlice<u32>>,
+    pub(super) partial: Option<CudaSlice<f32>>,
+    pub(super) counters: Option<CudaSlice<u32>>,
 }
 
 /// The staged twin of a plain one-tile plan: its function, the most tokens whose x rows
@@ -194,7 +70,7 @@ struct StagedKernel {
 
 /// CTAs of `w` warps of kernel `f` that fit on one SM, for every warp count the planner
 /// considers, with `smem` bytes of dynamic shared memory per CTA.
-fn occupancies(f: &CudaFunction, name: &str, smem: usize) -> Result<[usize; 9]> {
+pub(super) fn occupancies(f: &CudaFunction, name: &str, smem: usize) -> Result<[usize; 9]> {
     let mut occ = [0usize; 9];
     for w in PACKED_WARPS {
         occ[w] = f
@@ -340,7 +216,7 @@ fn plan_staged(
 
 /// The plan of kernel `f` with its geometry `(warps, split, pair)` (`pair`: the pair
 /// kernel, two row tiles per group): grid, block and (split > 1) the split-K workspace.
-fn finish_plan(
+pub(super) fn finish_plan(
     dev: &CudaDevice,
     (f, name): (CudaFunction, String),
     l: &PackedLayout,
@@ -406,7 +282,7 @@ impl PackedPlan {
 
     /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer
     /// 0 (the caller sets them) and the norm fields off.
-    fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
+    pub(super) fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
         let l = &self.layout;
         PackedGemvParams {
             w: 0,
@@ -513,162 +389,5 @@ pub(crate) fn forward(
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
         Shape::from((m, n_out)),
-    ))
-}
-
-/// Dynamic shared memory the norm variants may use (set once on the function, the same
-/// value for every layer; under the 48 KiB default today, set anyway so a larger
-/// [`NORM_K_MAX`] needs no other change).
-const NORM_SMEM_MAX: usize = NORM_MAX_M * (NORM_K_MAX + 8) * 2;
-
-/// The packed GEMV with the RMSNorm prologue, resolved for one layer (its weight's
-/// pointers included: the layer owns the weight and this plan keeps it alive).
-#[derive(Debug)]
-pub(crate) struct NormGemvPlan {
-    base: PackedPlan,
-    w_ptr: u64,
-    s_ptr: u64,
-    global_scale: f32,
-    _weight: (candle_core::Tensor, candle_core::Tensor),
-}
-
-/// The device pointer of the contiguous `T` tensor `t` (on the GPU).
-fn tensor_ptr<T: candle_core::cuda_backend::CudaDType>(
-    t: &candle_core::Tensor,
-    what: &str,
-    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-) -> Result<u64> {
-    const OP: &str = "packed NVFP4 GEMV (norm)";
-    let (st, lay) = t.storage_and_layout();
-    let candle_core::Storage::Cuda(cs) = &*st else {
-        bail!("{OP}: the {what} are not on the GPU")
-    };
-    let (a, b) = contiguous_range(OP, what, lay)?;
-    let slice = cs.as_cuda_slice::<T>()?.slice(a..b);
-    let (ptr, _guard) = slice.device_ptr(stream);
-    Ok(ptr)
-}
-
-/// A packed weight as the norm plan needs it (the parts of `PackedNvfp4`, passed apart so
-/// that this file does not import the op module above it).
-pub(crate) struct PackedWeightRef<'a> {
-    pub layout: &'a PackedLayout,
-    pub codes: &'a candle_core::Tensor,
-    pub scales: &'a candle_core::Tensor,
-    pub global_scale: f32,
-}
-
-/// Plans the norm variant of the packed GEMV of `w` (token tile 1, up to 8 tokens), or
-/// `None` when K is above [`NORM_K_MAX`] or no variant exists for `silu_mul`.
-pub(crate) fn plan_norm(
-    dev: &CudaDevice,
-    w: &PackedWeightRef<'_>,
-    silu_mul: bool,
-    pdl: bool,
-    sm80: bool,
-) -> Result<Option<NormGemvPlan>> {
-    let l = w.layout;
-    let Some(&(nt, _, u)) = PGEMV_NORM_KERNELS.iter().find(|v| v.1 == silu_mul) else {
-        return Ok(None);
-    };
-    if 8 * nt != NORM_MAX_M || l.k > NORM_K_MAX || (silu_mul && !l.n.is_multiple_of(2)) {
-        return Ok(None);
-    }
-    let fa = facts(dev)?;
-    let image = if sm80 { Image::Compute80Ptx } else { fa.image };
-    let loaded = module(dev, KernelFile::GemvPacked, image)?;
-    let name = pgemv_norm_kernel_name(silu_mul, nt, u);
-    let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
-    let smem = 8 * nt * (l.k + 8) * 2;
-    let occ = occupancies(&f, &name, smem)?;
-    let (warps, split) = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
-    let pdl = pdl && image.has_sm90_features();
-    let base = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
-    let stream = dev.cuda_stream();
-    let w_ptr = tensor_ptr::<u8>(w.codes, "codes", &stream)?;
-    let s_ptr = tensor_ptr::<u32>(w.scales, "scales", &stream)?;
-    if !w_ptr.is_multiple_of(16) {
-        bail!("packed NVFP4 GEMV (norm): the packed codes are not 16-byte aligned");
-    }
-    Ok(Some(NormGemvPlan {
-        base,
-        w_ptr,
-        s_ptr,
-        global_scale: w.global_scale,
-        _weight: (w.codes.clone(), w.scales.clone()),
-    }))
-}
-
-/// The fused `(x + delta, gemv(rms_norm(x + delta) · norm_w))` on the GPU: `x` the residual
-/// stream BF16 `[m, K]` (m ≤ 8), `delta` the same shape or `None`, `norm_w` the norm
-/// weight's device pointer (BF16 `[K]`). Returns one BF16 buffer: with a delta
-/// `[m·K sums | m·N_out outputs]`, else the outputs alone.
-pub(crate) fn forward_norm(
-    plan: &NormGemvPlan,
-    norm_w: u64,
-    eps: f32,
-    x: &CudaStorage,
-    lx: &Layout,
-    delta: Option<(&CudaStorage, &Layout)>,
-) -> Result<(CudaStorage, Shape)> {
-    const OP: &str = "packed_nvfp4_gemv (norm)";
-    let base = &plan.base;
-    let l = &base.layout;
-    let (m, k) = lx.shape().dims2()?;
-    if k != l.k || !use_norm_prologue(m, k) {
-        bail!(
-            "{OP}: the launch plan is for K = {} and up to {NORM_MAX_M} tokens, the call has K = {k} and {m}",
-            l.k
-        );
-    }
-    let (x0, x1) = contiguous_range(OP, "x", lx)?;
-    if !x0.is_multiple_of(8) || !norm_w.is_multiple_of(16) {
-        bail!("{OP}: x and the norm weight must be 16-byte aligned");
-    }
-    let dev = x.device().clone();
-    let stream = dev.cuda_stream();
-    let xs = x.as_cuda_slice::<bf16>()?.slice(x0..x1);
-    let ds = match delta {
-        Some((d, ld)) => {
-            let (d0, d1) = contiguous_range(OP, "delta", ld)?;
-            if d1 - d0 != m * k || !d0.is_multiple_of(8) {
-                bail!("{OP}: delta must be a 16-byte aligned [{m}, {k}] like x");
-            }
-            Some(d.as_cuda_slice::<bf16>()?.slice(d0..d1))
-        }
-        None => None,
-    };
-    let n_out = if base.silu_mul { l.n / 2 } else { l.n };
-    let sums = if ds.is_some() { m * k } else { 0 };
-    let mut out = unsafe { dev.alloc::<bf16>(sums + m * n_out)? };
-    {
-        let (xp, _gx) = xs.device_ptr(&stream);
-        let dg = ds.as_ref().map(|d| d.device_ptr(&stream));
-        let (op_, _go) = out.device_ptr_mut(&stream);
-        let elem = std::mem::size_of::<bf16>() as u64;
-        let pg = base.partial.as_ref().map(|w| w.device_ptr(&stream));
-        let cg = base.counters.as_ref().map(|w| w.device_ptr(&stream));
-        let p = PackedGemvParams {
-            w: plan.w_ptr,
-            scales: plan.s_ptr,
-            x: xp,
-            out: op_ + sums as u64 * elem,
-            partial: pg.as_ref().map_or(0, |g| g.0),
-            counters: cg.as_ref().map_or(0, |g| g.0),
-            delta: dg.as_ref().map_or(0, |g| g.0),
-            norm_w,
-            sum: if sums > 0 { op_ } else { 0 },
-            eps,
-            ..base.params(m, k, plan.global_scale)
-        };
-        let launch_m = Launch {
-            smem: (m * (k + 8) * 2) as u32,
-            ..base.launch
-        };
-        unsafe { launch(&stream, &base.f, launch_m, &p)? };
-    }
-    Ok((
-        CudaStorage::wrap_cuda_slice(out, dev),
-        Shape::from(sums + m * n_out),
     ))
 }

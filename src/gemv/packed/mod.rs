@@ -14,6 +14,10 @@
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_norm;
+#[cfg(feature = "cuda")]
+mod cuda_pack;
 mod geometry;
 mod layout;
 #[cfg(feature = "cuda")]
@@ -191,7 +195,7 @@ impl CustomOp2 for PackCodes {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        cuda::pack(&self.layout, s1, l1, s2, l2, true)
+        cuda_pack::pack(&self.layout, s1, l1, s2, l2, true)
     }
 }
 
@@ -219,7 +223,7 @@ impl CustomOp1 for PackScales {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        cuda::pack(&self.layout, s, l, s, l, false)
+        cuda_pack::pack(&self.layout, s, l, s, l, false)
     }
 }
 
@@ -260,7 +264,7 @@ impl CustomOp2 for PackedDequant {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        cuda::dequantize(&self.layout, s1, l1, s2, l2)
+        cuda_pack::dequantize(&self.layout, s1, l1, s2, l2)
     }
 }
 

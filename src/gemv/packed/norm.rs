@@ -5,7 +5,7 @@
 //! [`AddRmsNorm::forward`](crate::norm::AddRmsNorm::forward), then the GEMV; the numerics
 //! are the same but for the order of the norm's f32 sum of squares.
 
-use super::cuda::{forward_norm, NormGemvPlan};
+use super::cuda_norm::{forward_norm, NormGemvPlan};
 use crate::norm::AddRmsNorm;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
