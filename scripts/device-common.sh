@@ -1,7 +1,8 @@
 # Sourced by the session device scripts (scripts/sNN-device.sh) from the repository root on
 # the device machine: unpacks the carried binaries, prints the GPU, and defines
 #   t BIN [TIMEOUT]   one carried test binary, its log under $OUT, the summary lines here;
-#   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW);
+#   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW;
+#                     the carried binary $TRACE_BIN, default decode_bench);
 #   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds;
 #   ab_binaries       ab_rows of the carried decode_bench against decode_bench_new, logs packed.
 for f in .carry/*.xz; do [ -e "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
@@ -18,7 +19,7 @@ trace() {
     CFP4_DECODE_ONLY="=$1" CFP4_DECODE_TRACE=1 timeout 200 "$NCU" --profile-from-start off \
         --graph-profiling node --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum --csv --page raw --print-units base \
-        ./.carry/decode_bench --bench > "$OUT/trace-$2.csv" 2> "$OUT/trace-$2.err"
+        "./.carry/${TRACE_BIN:-decode_bench}" --bench > "$OUT/trace-$2.csv" 2> "$OUT/trace-$2.err"
     echo "rc $?"; grep -E "step GPU time|ms/step" "$OUT/trace-$2.err"
     python3 scripts/proto/ncu-step-summary.py "$OUT/trace-$2.csv" | tee "$OUT/trace-$2.txt"
 }
@@ -39,4 +40,16 @@ ab_rows() {
 ab_binaries() {
     ab_rows abbin decode_bench decode_bench_new
     tar -C "$OUT" -cJf "$OUT/abbin-logs.tar.xz" $(cd "$OUT" && ls abbin-*.log) && rm -f "$OUT"/abbin-*.log
+}
+# peers: ../shared/peers' W4A16 timings (carried as .carry/w4a16_peers.py, 8B shapes, and
+# .carry/w4a16_peers_70b.py, its 70B-shaped twin), for same-call ratios against our kernels.
+peers() {
+    local p
+    for p in w4a16_peers w4a16_peers_70b; do
+        [ -e ".carry/$p.py" ] || { echo "== $p: not carried"; continue; }
+        echo "== $p"
+        timeout "${PEERS_TIMEOUT:-150}" python3 ".carry/$p.py" > "$OUT/$p.log" 2>&1; echo "rc $?"
+        [ -e "$OUT/w4a16_peers.json" ] && mv "$OUT/w4a16_peers.json" "$OUT/$p-rows.json"
+        grep -E "^copy|^(tinygemm_int4_g128|cublas_bf16) .* M= ?(1|8) " "$OUT/$p.log" | cut -c1-90
+    done
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Twentieth session's device runs: $@ = steps (ws | check | abbin | bench)
+# Twentieth session's device runs: $@ = steps (ws | check | peers | abbin | bench)
 # ws: the packed-GEMV harness with the warp-specialized kernels (CFP4_PGEMV_WS=1; needs
-#   docs/logs/s20/ws-library.patch applied, then scripts/proto/build-pgemv-bench.sh) on
+#   docs/logs/s21/ws-library.patch applied, then scripts/proto/build-pgemv-bench.sh) on
 #   $WS_SHAPES (default: the 8B / 70B plain layers and SmolLM2's), M = 1, 4, 8, 16, 32.
-# check: $CHECK test binaries. bench: decode_bench.
+# check: $CHECK test binaries. bench: decode_bench. peers: the W4A16 peers (device-common.sh).
 # abbin: rows $AB_ROWS (';'-separated) from the carried decode_bench (main) and
 #   decode_bench_new (this tree), $AB_ROUNDS alternating rounds; logs in abbin-logs.tar.xz.
 set -o pipefail
@@ -22,6 +22,9 @@ check)
 abbin)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
+    ;;
+peers)
+    peers
     ;;
 bench)
     echo "== decode_bench"
