@@ -3,7 +3,8 @@
 // Built here by scripts/proto/build-pgemv-bench.sh (nvcc; no Rust on the GPU machine), run
 // on the device: ./pgemv_bench [--sweep]. Checks every packed result against an FP64
 // reference of the exact dequantized weight; times CUDA-graph replays of 32 calls rotating
-// among weight copies totalling >= 256 MiB (median of 15), like benches/gemv_cuda.rs.
+// among weight copies totalling >= 256 MiB (median of 15), like benches/gemv_cuda.rs;
+// CFP4_PGEMV_SPACER=1 puts a one-CTA kernel between the calls, as in the decode step.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <algorithm>
@@ -258,17 +259,55 @@ static std::pair<int, int> geometry(int groups, int npairs, const int* occ) {
     return {warps, split};
 }
 
-// Median µs per call of `calls` launches captured in one graph.
+// CFP4_PGEMV_SPACER=1: each timed call is followed by a one-CTA kernel that waits for it
+// (griddepcontrol.wait) and rewrites the first row of x in place (same values), as the
+// decode step's add + RMSNorm does between two GEMVs. Back-to-back replays of one kernel let
+// call i + 1 stream its weights while call i still computes; the decode step has no such
+// overlap, and a kernel that won only through it lost in the step (twenty-first session,
+// docs/benchmarks.md). time_graph then returns the chain's time per call minus the spacers'
+// chain alone. Not yet run on a GPU when written.
+static __nv_bfloat16* g_spacer_x = nullptr;
+static int g_spacer_k = 0;
+__global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    volatile unsigned short* v = reinterpret_cast<volatile unsigned short*>(x);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) v[i] = v[i];
+}
+static void launch_spacer(cudaStream_t st) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(256);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, spacer_kernel, g_spacer_x, g_spacer_k));
+}
+
+// The spacers' chain alone: time_graph(NoLaunch{}, calls, true).
+struct NoLaunch {
+    void operator()(cudaStream_t, int) const {}
+};
+
+// Median µs per call of `calls` launches captured in one graph (with CFP4_PGEMV_SPACER, the
+// spacers' share taken out).
 template <class F>
-static double time_graph(F launch, int calls = 32) {
+static double time_graph(F launch, int calls = 32, bool spacers_only = false) {
+    const bool spacer = g_spacer_x != nullptr;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    for (int i = 0; i < 3; ++i) launch(st, i);
+    auto one = [&](int i) {
+        if (!spacers_only) launch(st, i);
+        if (spacer) launch_spacer(st);
+    };
+    for (int i = 0; i < 3; ++i) one(i);
     CK(cudaStreamSynchronize(st));
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) launch(st, i);
+    for (int i = 0; i < calls; ++i) one(i);
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     cudaEvent_t e0, e1;
@@ -291,7 +330,15 @@ static double time_graph(F launch, int calls = 32) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaStreamDestroy(st);
-    return double(t[7]) * 1000.0 / calls;
+    const double us = double(t[7]) * 1000.0 / calls;
+    if (!spacer || spacers_only) return us;
+    static int alone_k = -1;
+    static double alone_us = 0;
+    if (alone_k != g_spacer_k) {
+        alone_us = time_graph(NoLaunch{}, calls, true);
+        alone_k = g_spacer_k;
+    }
+    return us - alone_us;
 }
 
 static double copy_bw() {
@@ -373,8 +420,14 @@ int main(int argc, char** argv) {
         CK(cudaFuncGetAttributes(&fa, (const void*)f));
         CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));
     }
+    const bool spacers = getenv("CFP4_PGEMV_SPACER") != nullptr;
+    if (spacers) printf("spacers on: each call followed by a one-CTA kernel on x (CFP4_PGEMV_SPACER)\n");
     for (const Shape& s : shapes) {
         if (only && !strstr((std::string(",") + only + ",").c_str(), (std::string(",") + s.name + ",").c_str())) continue;
+        if (spacers) {
+            g_spacer_x = x;
+            g_spacer_k = s.k;
+        }
         Layer L = make_layer(s, rng);
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
         // CFP4_PGEMV_M1=1: M = 1 only.

@@ -574,11 +574,10 @@ impl Llama {
             outs.push(self.run_chunk(chunk, pos)?);
             pos += chunk.len();
         }
-        Ok(if outs.len() == 1 {
-            outs.pop().unwrap()
-        } else {
-            Tensor::cat(&outs, 0)?
-        })
+        match outs.len() {
+            1 => Ok(outs.remove(0)),
+            _ => Ok(Tensor::cat(&outs, 0)?),
+        }
     }
 
     fn run_chunk(&mut self, tokens: &[u32], pos: usize) -> candle_core::Result<Tensor> {
