@@ -260,16 +260,19 @@ static std::pair<int, int> geometry(int groups, int npairs, const int* occ) {
 }
 
 // CFP4_PGEMV_SPACER=1: each timed call is followed by a one-CTA kernel that waits for it
-// (griddepcontrol.wait) and rewrites the first row of x in place (same values), as the
-// decode step's add + RMSNorm does between two GEMVs. Back-to-back replays of one kernel let
-// call i + 1 stream its weights while call i still computes; the decode step has no such
-// overlap, and a kernel that won only through it lost in the step (twenty-first session,
-// docs/benchmarks.md). time_graph then returns the chain's time per call minus the spacers'
-// chain alone. Not yet run on a GPU when written.
+// (griddepcontrol.wait, then launch_dependents) and rewrites the first row of x in place
+// (same values), as the decode step's add + RMSNorm does between two GEMVs. Back-to-back
+// replays of one kernel let call i + 1 stream its weights while call i still computes; the
+// decode step has no such overlap, and a kernel that won only through it lost in the step
+// (twenty-first session, docs/benchmarks.md). time_graph then returns the chain's time per
+// call minus the spacers' chain alone. Not yet run on a GPU when written.
 static __nv_bfloat16* g_spacer_x = nullptr;
 static int g_spacer_k = 0;
 __global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k) {
+    // As kernels/rmsnorm.cu: wait for the GEMV, then let the next one launch (its weight
+    // loads overlap this kernel, never the previous GEMV).
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     volatile unsigned short* v = reinterpret_cast<volatile unsigned short*>(x);
     for (int i = threadIdx.x; i < k; i += blockDim.x) v[i] = v[i];
 }
