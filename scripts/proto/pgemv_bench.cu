@@ -276,18 +276,22 @@ __global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k) {
     volatile unsigned short* v = reinterpret_cast<volatile unsigned short*>(x);
     for (int i = threadIdx.x; i < k; i += blockDim.x) v[i] = v[i];
 }
-static void launch_spacer(cudaStream_t st) {
+// One launch of `kernel` with programmatic dependent launch allowed.
+template <class... P, class... A>
+static void launch_pdl(void (*kernel)(P...), unsigned grid, unsigned block, size_t smem, cudaStream_t st, A... args) {
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1);
-    cfg.blockDim = dim3(256);
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, spacer_kernel, g_spacer_x, g_spacer_k));
+    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
+static void launch_spacer(cudaStream_t st) { launch_pdl(spacer_kernel, 1, 256, 0, st, g_spacer_x, g_spacer_k); }
 
 // The spacers' chain alone: time_graph(NoLaunch{}, calls, true).
 struct NoLaunch {
@@ -485,17 +489,7 @@ int main(int argc, char** argv) {
                 const int c = i % int(L.codes.size());
                 PackedGemvParams p{L.pcodes[c], L.pscales[c], x, out, partial, counters, gs * 256.f, m, s.n, s.k, s.k,
                                    L.half_pad, groups, sp_, L.npairs, 0};
-                cudaLaunchConfig_t cfg{};
-                cfg.gridDim = dim3(unsigned(groups * sp_));
-                cfg.blockDim = dim3(32 * wp_);
-                cfg.dynamicSmemBytes = xs_smem;
-                cfg.stream = st;
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                at[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.attrs = at;
-                cfg.numAttrs = 1;
-                CK(cudaLaunchKernelEx(&cfg, kfn, p));
+                launch_pdl(kfn, unsigned(groups * sp_), unsigned(32 * wp_), xs_smem, st, p);
             };
             // correctness (copy 0)
             CK(cudaMemset(out, 0xff, size_t(m) * nout * 2));
