@@ -1,9 +1,9 @@
 // gemv_packed_layout.cuh: the packed NVFP4 layout, shared by the GEMV (gemv_packed.cu) and
 // its packer / dequantizer (gemv_pack.cu): the scale word's T encoding and the row map.
 //
-// Packed layout (made here by cfp4_pack_codes / cfp4_pack_scales from the ModelOpt
-// layout: codes uint8 [N, K/2], low nibble = even k; E4M3 scales per 16 k, 128x4-swizzled;
-// src/gemv/packed.rs is the CPU reference of both):
+// Packed layout (made by gemv_pack.cu's cfp4_pack_codes / cfp4_pack_scales from the
+// ModelOpt layout: codes uint8 [N, K/2], low nibble = even k; E4M3 scales per 16 k,
+// 128x4-swizzled; src/gemv/packed/layout.rs is the CPU reference of both):
 //   Packed rows: N padded to 16-row tiles; when N is even, in two segments of
 //   half_pad = round_up(N/2, 16) rows (packed row p < half_pad is row p, else row
 //   N/2 + p - half_pad), so the gate and up halves of a [gate | up] layer start on tile

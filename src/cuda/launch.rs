@@ -119,6 +119,25 @@ pub(crate) struct Launch {
     pub smem: u32,
 }
 
+impl Launch {
+    /// One thread per item for `threads` items: blocks of 256, no cluster, no PDL, no
+    /// shared memory (the load-time kernels: packing, dequantizing). `op` names the caller
+    /// in the error when the grid would not fit a launch.
+    pub(crate) fn one_d(op: &str, threads: usize) -> Result<Self> {
+        let blocks = threads.div_ceil(256);
+        let Ok(blocks) = u32::try_from(blocks) else {
+            candle_core::bail!("{op}: {threads} threads are too many for one launch");
+        };
+        Ok(Self {
+            grid: (blocks, 1, 1),
+            block: 256,
+            cluster: 1,
+            pdl: false,
+            smem: 0,
+        })
+    }
+}
+
 /// Launches `f(params)` on `stream` with `cuLaunchKernelEx`, the kernel taking one
 /// `__grid_constant__` parameter block `P`. Dynamic shared memory above 48 KiB must have
 /// been allowed on `f` when it was planned ([`Loaded::function_with_smem`]).

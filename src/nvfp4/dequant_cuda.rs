@@ -48,14 +48,7 @@ pub(crate) fn dequantize_rows_cuda(
             sp: swizzled_shape(n, k / BLOCK_SIZE).1 as i32,
             pad: 0,
         };
-        let words = (n * k / 8) as u32;
-        let l = Launch {
-            grid: (words.div_ceil(256), 1, 1),
-            block: 256,
-            cluster: 1,
-            pdl: false,
-            smem: 0,
-        };
+        let l = Launch::one_d(OP, n * k / 8)?;
         unsafe { launch(&stream, &f, l, &params)? };
     }
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, k))))

@@ -14,20 +14,6 @@ use half::bf16;
 unsafe impl DeviceRepr for PackParams {}
 unsafe impl DeviceRepr for PackedDequantParams {}
 
-fn one_d(threads: usize) -> Result<Launch> {
-    let blocks = threads.div_ceil(256);
-    if blocks > u32::MAX as usize {
-        bail!("packed NVFP4: {threads} threads are too many for one launch");
-    }
-    Ok(Launch {
-        grid: (blocks as u32, 1, 1),
-        block: 256,
-        cluster: 1,
-        pdl: false,
-        smem: 0,
-    })
-}
-
 /// Packs the codes (`codes` true: inputs codes + swizzled scales → U8 packed codes) or
 /// the scales (inputs: the swizzled scales twice → U32 scale words).
 pub(crate) fn pack(
@@ -72,7 +58,7 @@ pub(crate) fn pack(
             let (op_, _go) = out.device_ptr_mut(&stream);
             p.codes = cp;
             p.out_codes = op_;
-            unsafe { launch(&stream, &f, one_d(l.code_bytes() / 16)?, &p)? };
+            unsafe { launch(&stream, &f, Launch::one_d(OP, l.code_bytes() / 16)?, &p)? };
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev),
@@ -83,7 +69,7 @@ pub(crate) fn pack(
         {
             let (op_, _go) = out.device_ptr_mut(&stream);
             p.out_scales = op_;
-            unsafe { launch(&stream, &f, one_d(l.scale_words())?, &p)? };
+            unsafe { launch(&stream, &f, Launch::one_d(OP, l.scale_words())?, &p)? };
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev),
@@ -128,7 +114,7 @@ pub(crate) fn dequantize(
             npairs: l.npairs as i32,
             pad: 0,
         };
-        unsafe { launch(&stream, &f, one_d(l.code_bytes() / 4)?, &p)? };
+        unsafe { launch(&stream, &f, Launch::one_d(OP, l.code_bytes() / 4)?, &p)? };
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
