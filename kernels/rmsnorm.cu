@@ -15,6 +15,13 @@
 // the stream), then waits for the previous kernel (which wrote x and delta) before reading
 // them, and lets its dependent launch at once: the next GEMV issues its weight loads while
 // this kernel runs, and its own griddepcontrol.wait holds it until this one has finished.
+//
+// L2 prefetch (p.prefetch, l2_prefetch.cuh): right after the wait, when the GEMV before
+// has stopped streaming, the grid asks L2 for the first bytes of the GEMV after (its
+// planner's ranges), so DRAM works during this kernel and the GEMV's launch. The launch
+// adds CTAs past the rows (one per SM in all) that only prefetch, so the rows' CTAs keep
+// their latency chain and the prefetches spread over the SMs' copy engines; with no extra
+// CTAs (rows ≥ SMs) the rows' CTAs share them.
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "rmsnorm.cuh"
@@ -41,6 +48,13 @@ using cfp4::norm_one;
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
+    const int extra = int(gridDim.x) - p.rows;
+    if (int(blockIdx.x) >= p.rows) {  // a prefetch-only CTA
+        cfp4::griddep_wait();
+        cfp4::griddep_launch_dependents();
+        cfp4::l2_prefetch(p.prefetch, blockIdx.x - p.rows, extra);
+        return;
+    }
     const size_t base = size_t(blockIdx.x) * p.n;
     const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x) + base;
     const __nv_bfloat16* __restrict__ d =
@@ -61,6 +75,7 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
         }
         cfp4::griddep_wait();
         cfp4::griddep_launch_dependents();
+        if (extra == 0) cfp4::l2_prefetch(p.prefetch, blockIdx.x, gridDim.x);
 #pragma unroll
         for (int it = 0; it < NORM_VITERS; ++it) {
             const int v = it * NORM_THREADS + threadIdx.x;
@@ -108,6 +123,7 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
     // stores.
     cfp4::griddep_wait();
     cfp4::griddep_launch_dependents();
+    if (extra == 0) cfp4::l2_prefetch(p.prefetch, blockIdx.x, gridDim.x);
     float acc = 0.f;
     for (int c = threadIdx.x; c < p.n; c += NORM_THREADS) {
         __nv_bfloat16 s = x[c];

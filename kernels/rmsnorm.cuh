@@ -4,6 +4,7 @@
 // test pins every offset below. Change both or neither.
 #pragma once
 #include <stdint.h>
+#include "l2_prefetch.cuh"
 
 struct AddRmsNormParams {
     const void* x;        // offset  0: bf16 [rows][n], contiguous
@@ -15,4 +16,5 @@ struct AddRmsNormParams {
     int n;                // offset 44: row length
     float eps;            // offset 48
     int vec;              // offset 52: 1 = n % 8 == 0, n ≤ 16384 and every pointer 16-byte aligned
-};                        // size 56
+    L2Prefetch prefetch;  // offset 56: the next GEMV's weights, asked of L2 after the wait
+};                        // size 120

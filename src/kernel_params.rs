@@ -213,6 +213,15 @@ pub(crate) struct QkvRopeParams {
     pub pad: i32,
 }
 
+/// `L2Prefetch` of `kernels/l2_prefetch.cuh`: up to four device byte ranges (16-byte
+/// aligned, lengths multiples of 16) a kernel asks L2 for; a zero pointer is unused.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct L2Prefetch {
+    pub ptr: [u64; 4],
+    pub bytes: [u64; 4],
+}
+
 /// `AddRmsNormParams` of `kernels/rmsnorm.cuh` (residual add + RMSNorm).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -226,6 +235,7 @@ pub(crate) struct AddRmsNormParams {
     pub n: i32,
     pub eps: f32,
     pub vec: i32,
+    pub prefetch: L2Prefetch,
 }
 
 /// `GreedyParams` of `kernels/greedy.cuh` (row argmax into the step's ids).
@@ -260,7 +270,16 @@ mod tests {
         assert_eq!(offset_of!(AddRmsNormParams, n), 44);
         assert_eq!(offset_of!(AddRmsNormParams, eps), 48);
         assert_eq!(offset_of!(AddRmsNormParams, vec), 52);
-        assert_eq!(size_of::<AddRmsNormParams>(), 56);
+        assert_eq!(offset_of!(AddRmsNormParams, prefetch), 56);
+        assert_eq!(size_of::<AddRmsNormParams>(), 120);
+    }
+
+    /// Offsets written in kernels/l2_prefetch.cuh's comments.
+    #[test]
+    fn l2_prefetch_layout_matches_cuh() {
+        assert_eq!(offset_of!(L2Prefetch, ptr), 0);
+        assert_eq!(offset_of!(L2Prefetch, bytes), 32);
+        assert_eq!(size_of::<L2Prefetch>(), 64);
     }
 
     /// Offsets written in kernels/greedy.cuh's comments.

@@ -146,3 +146,46 @@ fn wide_k_is_not_fused() -> R<()> {
     assert_eq!(bits(&y)?, bits(&candle_core::Module::forward(&ql, &h)?)?);
     Ok(())
 }
+
+/// Behind a norm kernel (K > 1024) the norm asks L2 for the first of the layer's weights
+/// (whole tiles within two fifths of the L2; with silu_mul the gate and the up tiles): a
+/// hint that must not change a bit. 8B down (33 MB, more than the budget) and 8B gate|up
+/// (58 MB, two runs) and a small layer (all of it), M = 1 and 3, twice each.
+#[test]
+fn prefetching_norm_gives_the_composition() -> R<()> {
+    test_tables();
+    let dev = gpu();
+    let mut rng = StdRng::seed_from_u64(7);
+    for (n, k, silu) in [(64, 4096, false), (4096, 14336, false), (28672, 4096, true)] {
+        let l = layer(n, k, &mut rng)?;
+        let ql = QuantLinear::from_nvfp4_parts(
+            l.codes.to_device(&dev)?,
+            l.scales.to_device(&dev)?,
+            l.gs,
+            None,
+        )?;
+        let w = quarters(1, k, &mut rng)?.reshape(k)?.to_device(&dev)?;
+        let norm = AddRmsNorm::new(&w, 1e-5)?;
+        for m in [1, 3] {
+            assert!(!ql.fuses_norm(m, silu));
+            assert!(
+                ql.prefetches_weights(m, silu),
+                "[{n}, {k}] silu {silu} m {m}"
+            );
+            let x = quarters(m, k, &mut rng)?.to_device(&dev)?;
+            let d = quarters(m, k, &mut rng)?.to_device(&dev)?;
+            for _ in 0..2 {
+                let (s, y) = ql.forward_add_norm(&x, Some(&d), &norm, silu)?;
+                let (s2, h) = norm.forward(&x, Some(&d))?;
+                let y2 = if silu {
+                    ql.forward_silu_mul(&h)?
+                } else {
+                    candle_core::Module::forward(&ql, &h)?
+                };
+                assert_eq!(bits(&s)?, bits(&s2)?, "[{n}, {k}] m {m}: sum");
+                assert_eq!(bits(&y)?, bits(&y2)?, "[{n}, {k}] m {m}: output");
+            }
+        }
+    }
+    Ok(())
+}

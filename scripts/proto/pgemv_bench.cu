@@ -268,10 +268,48 @@ static std::pair<int, int> geometry(int groups, int npairs, const int* occ) {
 // call minus the spacers' chain alone. Not yet run on a GPU when written.
 static __nv_bfloat16* g_spacer_x = nullptr;
 static int g_spacer_k = 0;
-__global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k) {
+// CFP4_PGEMV_SPACER_NS=<ns>: the spacer spins that long after its wait, before it lets the
+// next GEMV launch (a DRAM-idle window, as the decode step's attention and its combine).
+// CFP4_PGEMV_SPACER_PF=<MB>: after its wait the spacer asks L2 for the
+// next call's weights (cp.async.bulk.prefetch.L2), at most <MB> MB of codes and the
+// matching scales; a silu layer's gate and up halves get equal shares. So the harness
+// says what a GEMV gains when its weights were fetched during such a window.
+static long g_spacer_ns = 0;
+static double g_spacer_pf_mb = 0;
+struct PfRange {
+    const uint8_t* p;
+    unsigned long long bytes;
+};
+struct Prefetch {
+    PfRange r[4];
+};
+static std::vector<Prefetch> g_pf;  // per weight copy
+// The spacers' chain alone (per shape: its prefetch differs).
+static bool g_alone_valid = false;
+static double g_alone_us = 0;
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p, unsigned long long bytes) {
+    constexpr unsigned long long CH = 32768;
+    for (unsigned long long o = threadIdx.x * CH; o < bytes; o += blockDim.x * CH) {
+        const unsigned n = unsigned(min(CH, bytes - o)) & ~15u;
+        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
+    }
+}
+__global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k, long ns, Prefetch pf) {
     // As kernels/rmsnorm.cu: wait for the GEMV, then let the next one launch (its weight
-    // loads overlap this kernel, never the previous GEMV).
+    // loads overlap this kernel, never the previous GEMV). The prefetch goes after the
+    // wait, when the previous GEMV no longer streams.
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        if (pf.r[i].p) prefetch_l2(pf.r[i].p, pf.r[i].bytes);
+    if (ns > 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        } while (t - t0 < (unsigned long long)ns);
+        __syncthreads();
+    }
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     volatile unsigned short* v = reinterpret_cast<volatile unsigned short*>(x);
     for (int i = threadIdx.x; i < k; i += blockDim.x) v[i] = v[i];
@@ -291,7 +329,11 @@ static void launch_pdl(void (*kernel)(P...), unsigned grid, unsigned block, size
     cfg.numAttrs = 1;
     CK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
-static void launch_spacer(cudaStream_t st) { launch_pdl(spacer_kernel, 1, 256, 0, st, g_spacer_x, g_spacer_k); }
+// The spacer after call i: it prefetches call i + 1's weights (CFP4_PGEMV_SPACER_PF).
+static void launch_spacer(cudaStream_t st, int i) {
+    const Prefetch pf = g_pf.empty() ? Prefetch{} : g_pf[size_t(i + 1) % g_pf.size()];
+    launch_pdl(spacer_kernel, 1, 256, 0, st, g_spacer_x, g_spacer_k, g_spacer_ns, pf);
+}
 
 // The spacers' chain alone: time_graph(NoLaunch{}, calls, true).
 struct NoLaunch {
@@ -307,7 +349,7 @@ static double time_graph(F launch, int calls = 32, bool spacers_only = false) {
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     auto one = [&](int i) {
         if (!spacers_only) launch(st, i);
-        if (spacer) launch_spacer(st);
+        if (spacer) launch_spacer(st, i);
     };
     for (int i = 0; i < 3; ++i) one(i);
     CK(cudaStreamSynchronize(st));
@@ -339,12 +381,11 @@ static double time_graph(F launch, int calls = 32, bool spacers_only = false) {
     cudaStreamDestroy(st);
     const double us = double(t[7]) * 1000.0 / calls;
     if (!spacer || spacers_only) return us;
-    static int alone_k = -1;
-    static double alone_us = 0;
-    if (alone_k != g_spacer_k) {
-        alone_us = time_graph(NoLaunch{}, calls, true);
-        alone_k = g_spacer_k;
+    if (!g_alone_valid) {
+        g_alone_us = time_graph(NoLaunch{}, calls, true);
+        g_alone_valid = true;
     }
+    const double alone_us = g_alone_us;
     return us - alone_us;
 }
 
@@ -428,7 +469,12 @@ int main(int argc, char** argv) {
         CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));
     }
     const bool spacers = getenv("CFP4_PGEMV_SPACER") != nullptr;
-    if (spacers) printf("spacers on: each call followed by a one-CTA kernel on x (CFP4_PGEMV_SPACER)\n");
+    if (spacers) {
+        if (const char* e = getenv("CFP4_PGEMV_SPACER_NS")) g_spacer_ns = atol(e);
+        if (const char* e = getenv("CFP4_PGEMV_SPACER_PF")) g_spacer_pf_mb = atof(e);
+        printf("spacers on: each call followed by a one-CTA kernel on x (CFP4_PGEMV_SPACER), window %ld ns, "
+               "prefetch %.1f MB\n", g_spacer_ns, g_spacer_pf_mb);
+    }
     for (const Shape& s : shapes) {
         if (only && !strstr((std::string(",") + only + ",").c_str(), (std::string(",") + s.name + ",").c_str())) continue;
         if (spacers) {
@@ -436,6 +482,23 @@ int main(int argc, char** argv) {
             g_spacer_k = s.k;
         }
         Layer L = make_layer(s, rng);
+        g_pf.clear();
+        g_alone_valid = false;
+        if (spacers && g_spacer_pf_mb > 0)
+            for (size_t c = 0; c < L.pcodes.size(); ++c) {
+                // Codes: [tile][2 npairs][32 lanes][16 B]; scales: [tile][npairs][32] u32.
+                const size_t tb = size_t(2) * L.npairs * 512, sb = size_t(L.npairs) * 128;
+                const int segs = s.silu ? 2 : 1, seg_tiles = L.tiles / segs;
+                const size_t want = size_t(g_spacer_pf_mb * 1e6 / segs);
+                const int nt_pf = int(std::min<size_t>(size_t(seg_tiles), (want + tb - 1) / tb));
+                Prefetch pf{};
+                for (int g = 0; g < segs; ++g) {
+                    pf.r[2 * g] = {L.pcodes[c] + size_t(g) * seg_tiles * tb, (unsigned long long)(nt_pf * tb)};
+                    pf.r[2 * g + 1] = {reinterpret_cast<const uint8_t*>(L.pscales[c]) + size_t(g) * seg_tiles * sb,
+                                       (unsigned long long)(nt_pf * sb)};
+                }
+                g_pf.push_back(pf);
+            }
         const double wbytes = double(L.code_bytes) + double(size_t(s.n) * (s.k / 16));
         // CFP4_PGEMV_M1=1: M = 1 only.
         const std::vector<int> ms = getenv("CFP4_PGEMV_M1") ? std::vector<int>{1} : std::vector<int>{1, 4, 8, 16, 32};

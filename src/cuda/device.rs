@@ -16,6 +16,8 @@ pub(crate) struct DeviceFacts {
     pub sms: usize,
     /// Largest dynamic shared memory a kernel may opt in to.
     pub smem_optin: usize,
+    /// L2 cache bytes.
+    pub l2_bytes: usize,
     /// The image the device loads by default.
     pub image: Image,
     /// The tuned-table tag, `sm90`, `sm100`, ...
@@ -59,6 +61,7 @@ pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
         sms: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
         smem_optin: attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0)
             as usize,
+        l2_bytes: attribute(dev, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize,
         image,
         arch: format!("sm{}{}", cc.0, cc.1),
     });

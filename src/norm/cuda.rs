@@ -2,7 +2,7 @@
 //! the weight's device pointer resolved once ([`plan`]), then launched without a lookup.
 
 use crate::cuda::{facts, launch, module, KernelFile, Launch};
-use crate::kernel_params::AddRmsNormParams;
+use crate::kernel_params::{AddRmsNormParams, L2Prefetch};
 use crate::layout::contiguous_range;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -25,6 +25,9 @@ pub(super) struct NormPlan {
     f: CudaFunction,
     w_ptr: u64,
     pdl: bool,
+    /// SMs: a launch with an L2 prefetch has one CTA per SM at least (the rows' and
+    /// prefetch-only ones).
+    sms: u32,
     _weight: Tensor,
 }
 
@@ -56,11 +59,13 @@ pub(super) fn plan(dev: &CudaDevice, w: &Tensor) -> Result<NormPlan> {
         f,
         w_ptr,
         pdl: fx.cc.0 >= 9,
+        sms: u32::try_from(fx.sms).unwrap_or(u32::MAX),
         _weight: w.clone(),
     })
 }
 
-/// `x` (and `delta`) `[rows, n]` → `[rows, n]` (no delta) or `[2, rows, n]`.
+/// `x` (and `delta`) `[rows, n]` → `[rows, n]` (no delta) or `[2, rows, n]`; the CTAs also
+/// ask L2 for `prefetch`'s ranges (on sm_90 and newer).
 pub(super) fn forward(
     plan: &NormPlan,
     n: usize,
@@ -68,6 +73,7 @@ pub(super) fn forward(
     x: &CudaStorage,
     lx: &Layout,
     delta: Option<(&CudaStorage, &Layout)>,
+    prefetch: &L2Prefetch,
 ) -> Result<CudaStorage> {
     const OP: &str = "AddRmsNorm (cuda)";
     let (xa, xb) = contiguous_range(OP, "x", lx)?;
@@ -115,9 +121,18 @@ pub(super) fn forward(
             n: n as i32,
             eps,
             vec: i32::from(aligned && n.is_multiple_of(8) && n <= VEC_MAX),
+            prefetch: *prefetch,
+        };
+        // With a prefetch, CTAs past the rows up to one per SM issue it (the kernel's
+        // prefetch-only CTAs).
+        let prefetching = prefetch.ptr.iter().any(|&p| p != 0);
+        let grid = if prefetching {
+            (rows as u32).max(plan.sms)
+        } else {
+            rows as u32
         };
         let l = Launch {
-            grid: (rows as u32, 1, 1),
+            grid: (grid, 1, 1),
             block: THREADS,
             cluster: 1,
             pdl: plan.pdl,

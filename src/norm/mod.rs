@@ -11,8 +11,16 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 
+use crate::kernel_params::L2Prefetch;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use half::bf16;
+
+/// One call of an [`AddRmsNorm`]: the op and what the call adds (the L2 prefetch).
+struct NormCall<'a> {
+    norm: &'a AddRmsNorm,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    prefetch: L2Prefetch,
+}
 
 /// The fused residual add + RMSNorm of one norm weight, made once per layer (on a GPU the
 /// kernel and the weight's device pointer are resolved here).
@@ -81,6 +89,22 @@ impl AddRmsNorm {
     /// `x` BF16 `[rows, n]` and the residual `delta` (same shape, or `None`) →
     /// `(x + delta, rms_norm(x + delta) · weight)`; with no `delta` the first is `x` itself.
     pub fn forward(&self, x: &Tensor, delta: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+        self.forward_prefetch(x, delta, None)
+    }
+
+    /// [`forward`](Self::forward) that also asks L2 for `prefetch`'s ranges (the weights of
+    /// the GEMV that follows, planned by its layer) once the previous kernel has finished
+    /// (CUDA, sm_90 and newer; elsewhere ignored). The values are `forward`'s.
+    pub(crate) fn forward_prefetch(
+        &self,
+        x: &Tensor,
+        delta: Option<&Tensor>,
+        prefetch: Option<&L2Prefetch>,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = NormCall {
+            norm: self,
+            prefetch: prefetch.copied().unwrap_or_default(),
+        };
         let rows = match x.dims() {
             [r, n] if *n == self.n && x.dtype() == DType::BF16 => *r,
             d => bail!(
@@ -91,7 +115,7 @@ impl AddRmsNorm {
         };
         let x = x.contiguous()?;
         match delta {
-            None => Ok((x.clone(), x.apply_op1_no_bwd(self)?)),
+            None => Ok((x.clone(), x.apply_op1_no_bwd(&op)?)),
             Some(d) => {
                 if d.dims() != x.dims() || d.dtype() != DType::BF16 {
                     bail!(
@@ -101,7 +125,7 @@ impl AddRmsNorm {
                         d.dims()
                     )
                 }
-                let both = x.apply_op2_no_bwd(&d.contiguous()?, self)?; // [2, rows, n]
+                let both = x.apply_op2_no_bwd(&d.contiguous()?, &op)?; // [2, rows, n]
                 debug_assert_eq!(both.dims(), [2, rows, self.n]);
                 Ok((both.get(0)?, both.get(1)?))
             }
@@ -158,14 +182,14 @@ fn cpu_bf16<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [bf16]>
 }
 
 /// Without a residual: `rms_norm(x) · weight`, `[rows, n]`.
-impl CustomOp1 for AddRmsNorm {
+impl CustomOp1 for NormCall<'_> {
     fn name(&self) -> &'static str {
         "rms-norm"
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_bf16(s, l, "x")?;
-        let (_, out) = add_rms_norm_cpu(x, None, self.cpu_weight()?, self.eps);
+        let (_, out) = add_rms_norm_cpu(x, None, self.norm.cpu_weight()?, self.norm.eps);
         Ok((CpuStorage::BF16(out), l.shape().clone()))
     }
 
@@ -175,16 +199,16 @@ impl CustomOp1 for AddRmsNorm {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let Weight::Cuda(plan) = &self.weight else {
+        let Weight::Cuda(plan) = &self.norm.weight else {
             bail!("AddRmsNorm: the weight is on the CPU, the input on a GPU")
         };
-        let out = cuda::forward(plan, self.n, self.eps, s, l, None)?;
+        let out = cuda::forward(plan, self.norm.n, self.norm.eps, s, l, None, &self.prefetch)?;
         Ok((out, l.shape().clone()))
     }
 }
 
 /// With a residual: `[2, rows, n]`, `x + delta` then its norm.
-impl CustomOp2 for AddRmsNorm {
+impl CustomOp2 for NormCall<'_> {
     fn name(&self) -> &'static str {
         "add-rms-norm"
     }
@@ -197,10 +221,10 @@ impl CustomOp2 for AddRmsNorm {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (x, d) = (cpu_bf16(s1, l1, "x")?, cpu_bf16(s2, l2, "delta")?);
-        let (mut sum, out) = add_rms_norm_cpu(x, Some(d), self.cpu_weight()?, self.eps);
+        let (mut sum, out) = add_rms_norm_cpu(x, Some(d), self.norm.cpu_weight()?, self.norm.eps);
         sum.extend_from_slice(&out);
-        let rows = x.len() / self.n;
-        Ok((CpuStorage::BF16(sum), Shape::from((2, rows, self.n))))
+        let rows = x.len() / self.norm.n;
+        Ok((CpuStorage::BF16(sum), Shape::from((2, rows, self.norm.n))))
     }
 
     #[cfg(feature = "cuda")]
@@ -211,12 +235,21 @@ impl CustomOp2 for AddRmsNorm {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let Weight::Cuda(plan) = &self.weight else {
+        let Weight::Cuda(plan) = &self.norm.weight else {
             bail!("AddRmsNorm: the weight is on the CPU, the input on a GPU")
         };
-        let out = cuda::forward(plan, self.n, self.eps, s1, l1, Some((s2, l2)))?;
-        let rows = l1.shape().elem_count() / self.n;
-        Ok((out, Shape::from((2, rows, self.n))))
+        let n = self.norm.n;
+        let out = cuda::forward(
+            plan,
+            n,
+            self.norm.eps,
+            s1,
+            l1,
+            Some((s2, l2)),
+            &self.prefetch,
+        )?;
+        let rows = l1.shape().elem_count() / n;
+        Ok((out, Shape::from((2, rows, n))))
     }
 }
 

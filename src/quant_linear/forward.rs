@@ -144,7 +144,10 @@ impl QuantLinear {
     /// `K ≤ 1024` ([`use_norm_prologue`](crate::gemv::packed::use_norm_prologue)), this is
     /// one kernel: the GEMV runs the norm in its prologue. Otherwise (and on the CPU) it is
     /// the norm, then the layer; both give the same values but for the order of the norm's
-    /// f32 sum of squares (which can move a row's norm by one BF16 rounding).
+    /// f32 sum of squares (which can move a row's norm by one BF16 rounding). There, on
+    /// sm_90 and newer, the norm kernel also asks L2 for the first of this layer's packed
+    /// weights (planned at load: whole tiles within two fifths of the L2), so DRAM streams
+    /// them while the norm runs.
     pub fn forward_add_norm(
         &self,
         x: &Tensor,
@@ -161,7 +164,15 @@ impl QuantLinear {
                 return crate::gemv::packed::norm::packed_norm_gemv(x, delta, norm, plan, n_out);
             }
         }
-        let (s, h) = norm.forward(x, delta)?;
+        // The norm kernel asks L2 for the first of this layer's weights meanwhile.
+        #[cfg(feature = "cuda")]
+        let prefetch = match (self.bias.is_none(), x.dims()) {
+            (true, [m, _]) => self.plans.l2_prefetch(*m, silu_mul),
+            _ => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        let prefetch = None;
+        let (s, h) = norm.forward_prefetch(x, delta, prefetch)?;
         let y = if silu_mul {
             self.forward_silu_mul(&h)?
         } else {
@@ -180,6 +191,20 @@ impl QuantLinear {
         #[cfg(feature = "cuda")]
         if matches!(self.weight, Weight::Packed(_)) && self.bias.is_none() {
             return self.plans.norm_plan(m, self.k, silu_mul).is_some();
+        }
+        let _ = (m, silu_mul);
+        false
+    }
+}
+
+impl QuantLinear {
+    /// Whether the norm kernel in front of this layer asks L2 for its weights when `m`
+    /// tokens run [`forward_add_norm`](Self::forward_add_norm) unfused: for tests.
+    #[doc(hidden)]
+    pub fn prefetches_weights(&self, m: usize, silu_mul: bool) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.bias.is_none() {
+            return self.plans.l2_prefetch(m, silu_mul).is_some();
         }
         let _ = (m, silu_mul);
         false

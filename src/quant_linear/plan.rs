@@ -42,6 +42,10 @@ pub(crate) struct Plans {
     /// (without and with `silu_mul`), for the `m` whose choice is the one-tile packed GEMV.
     #[cfg(feature = "cuda")]
     norm: [Option<std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>>; 2],
+    /// CUDA, packed NVFP4 weights: what the RMSNorm kernel in front of the layer asks L2
+    /// for (without and with `silu_mul`), for the `m` whose choice is the packed GEMV.
+    #[cfg(feature = "cuda")]
+    prefetch: [Option<std::sync::Arc<crate::kernel_params::L2Prefetch>>; 2],
 }
 
 impl Plans {
@@ -103,10 +107,10 @@ impl Plans {
             by_m.push(pair);
         }
         #[cfg(feature = "cuda")]
-        let norm = match (device, weight) {
+        let (norm, prefetch) = match (device, weight) {
             (Device::Cuda(d), Weight::Packed(p)) => {
-                let mut v = [None, None];
-                for (slot, silu) in v.iter_mut().zip([false, true]) {
+                let (mut v, mut f) = ([None, None], [None, None]);
+                for ((slot, pf), silu) in v.iter_mut().zip(f.iter_mut()).zip([false, true]) {
                     if silu && !n.is_multiple_of(2) {
                         continue;
                     }
@@ -118,15 +122,19 @@ impl Plans {
                     };
                     *slot = crate::gemv::packed::cuda_norm::plan_norm(d, &w, silu, pdl, false)?
                         .map(std::sync::Arc::new);
+                    *pf = crate::gemv::packed::cuda_prefetch::plan_prefetch(d, &w, silu)?
+                        .map(std::sync::Arc::new);
                 }
-                v
+                (v, f)
             }
-            _ => [None, None],
+            _ => ([None, None], [None, None]),
         };
         Ok(Self {
             by_m,
             #[cfg(feature = "cuda")]
             norm,
+            #[cfg(feature = "cuda")]
+            prefetch,
         })
     }
 
@@ -146,6 +154,20 @@ impl Plans {
             self.norm[usize::from(silu_mul)].as_ref()
         } else {
             None
+        }
+    }
+
+    /// What the norm kernel in front of the layer asks L2 for when `m` tokens run the
+    /// packed GEMV (`None` otherwise).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn l2_prefetch(
+        &self,
+        m: usize,
+        silu_mul: bool,
+    ) -> Option<&crate::kernel_params::L2Prefetch> {
+        match self.choice(m, silu_mul) {
+            Choice::Packed(_) => self.prefetch[usize::from(silu_mul)].as_deref(),
+            _ => None,
         }
     }
 

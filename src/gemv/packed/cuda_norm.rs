@@ -31,7 +31,7 @@ pub(crate) struct NormGemvPlan {
 }
 
 /// The device pointer of the contiguous `T` tensor `t` (on the GPU).
-fn tensor_ptr<T: candle_core::cuda_backend::CudaDType>(
+pub(super) fn tensor_ptr<T: candle_core::cuda_backend::CudaDType>(
     t: &candle_core::Tensor,
     what: &str,
     stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,

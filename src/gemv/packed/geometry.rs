@@ -111,6 +111,47 @@ pub fn staged_max_m(slice_k: usize, limit: usize) -> usize {
         .unwrap_or(0)
 }
 
+/// Bytes of a device's L2 that the prefetch ahead of one GEMV may fill: two fifths (20 MB of
+/// the H100's and H200's 50 MB). In the harness on the H100 (twenty-second session,
+/// docs/benchmarks.md; a one-CTA spacer between calls with a 6 µs DRAM-idle window), 20 MB
+/// prefetched took 8B down from 14.12 to 11.70 µs and 70B o from 16.51 to 12.91, while the
+/// whole weight (33 and 67 MB) gained nothing on down and less on 70B o (13.72): lines
+/// fetched past about half the L2 are evicted before their loads.
+pub fn l2_prefetch_budget(l2_bytes: usize) -> usize {
+    l2_bytes / 5 * 2
+}
+
+/// Packed bytes of one row tile (codes and scales of its `npairs` K pairs).
+pub fn packed_tile_bytes(npairs: usize) -> usize {
+    npairs.saturating_mul(1024 + 128)
+}
+
+/// The packed row tiles worth asking L2 for ahead of a GEMV, as `(first tile, tiles)` runs:
+/// the tiles its CTAs start on. Plain: from tile 0. `silu_mul`: the gate tiles from 0 and
+/// the up tiles from `half_pad / 16`, half the budget each (each CTA reads one of each).
+/// Whole tiles within `budget` bytes ([`packed_tile_bytes`]); no run of zero tiles.
+/// Pure: the planner calls it once per layer.
+pub fn prefetch_tiles(
+    tiles: usize,
+    half_pad: usize,
+    npairs: usize,
+    silu_mul: bool,
+    budget: usize,
+) -> Vec<(usize, usize)> {
+    let per_tile = packed_tile_bytes(npairs).max(1);
+    let runs: Vec<(usize, usize)> = if silu_mul {
+        let half = half_pad / 16;
+        if half == 0 || 2 * half > tiles {
+            return Vec::new();
+        }
+        let take = (budget / 2 / per_tile).min(half);
+        vec![(0, take), (half, take)]
+    } else {
+        vec![(0, (budget / per_tile).min(tiles))]
+    };
+    runs.into_iter().filter(|r| r.1 > 0).collect()
+}
+
 /// Most tokens the GEMVs with the RMSNorm prologue serve (one token tile).
 pub const NORM_MAX_M: usize = 8;
 
@@ -156,6 +197,34 @@ mod tests {
         assert_eq!(g(64, 32), (8, 4)); // few groups, long K: the split
                                        // 70B gate|up: w2 79.9 µs, best w3 78.9 (within 2 %)
         assert_eq!(g(1792, 64).0, 2);
+    }
+
+    #[test]
+    fn prefetch_rule() {
+        let mb = 1_000_000;
+        // H100 / H200: 50 MiB of L2.
+        let budget = l2_prefetch_budget(50 * 1024 * 1024);
+        assert_eq!(budget, 20_971_520);
+        assert!((20 * mb..21 * mb).contains(&budget));
+        assert_eq!(packed_tile_bytes(32), 36864);
+        // 8B q|k|v (384 tiles, 32 pairs, 14.2 MB): all of it.
+        assert_eq!(prefetch_tiles(384, 192, 32, false, budget), vec![(0, 384)]);
+        // 8B down (256 tiles of 112 pairs, 33 MB): the first 162 tiles (20.9 MB).
+        let down = prefetch_tiles(256, 128, 112, false, budget);
+        assert_eq!(down, vec![(0, budget / packed_tile_bytes(112))]);
+        assert!(down[0].1 * packed_tile_bytes(112) <= budget);
+        // 8B gate|up (1792 tiles, half 896): equal runs at the gate and up tiles.
+        let gu = prefetch_tiles(1792, 14336, 32, true, budget);
+        let half_take = budget / 2 / packed_tile_bytes(32);
+        assert_eq!(gu, vec![(0, half_take), (896, half_take)]);
+        assert!(2 * half_take * packed_tile_bytes(32) <= budget);
+        // Small layers, tiny budgets, odd N (no halves), degenerate inputs.
+        assert_eq!(prefetch_tiles(4, 32, 1, true, budget), vec![(0, 2), (2, 2)]);
+        assert!(prefetch_tiles(384, 192, 32, false, 1000).is_empty());
+        assert!(prefetch_tiles(63, 0, 8, true, budget).is_empty());
+        assert!(prefetch_tiles(0, 0, 8, false, budget).is_empty());
+        assert_eq!(prefetch_tiles(5, 0, 0, false, budget), vec![(0, 5)]);
+        assert_eq!(l2_prefetch_budget(0), 0);
     }
 
     #[test]

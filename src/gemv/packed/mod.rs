@@ -18,14 +18,17 @@ pub(crate) mod cuda;
 pub(crate) mod cuda_norm;
 #[cfg(feature = "cuda")]
 mod cuda_pack;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_prefetch;
 mod geometry;
 mod layout;
 #[cfg(feature = "cuda")]
 pub(crate) mod norm;
 
 pub use geometry::{
-    depth_suits, packed_geometry, pair_suits, stage_suits, staged_max_m, staged_slice_k,
-    staged_smem, use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, STAGED_MAX_M,
+    depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
+    prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem, use_norm_prologue,
+    NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, STAGED_MAX_M,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
