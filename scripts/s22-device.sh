@@ -13,6 +13,12 @@ abbin)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
     ;;
+abc)
+    # main; this tree without the GEMVs' next-layer prefetch (the norm prefetch only); this tree.
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abc decode_bench "decode_bench_new CFP4_DECODE_NO_PREFETCH_NEXT=1" decode_bench_new
+    tar -C "$OUT" -cJf "$OUT/abc-logs.tar.xz" $(cd "$OUT" && ls abc-*.log) && rm -f "$OUT"/abc-*.log
+    ;;
 check)
     for b in ${CHECK:-gpu_norm_gemv gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done
     ;;

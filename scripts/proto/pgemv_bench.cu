@@ -272,8 +272,11 @@ static int g_spacer_k = 0;
 // next GEMV launch (a DRAM-idle window, as the decode step's attention and its combine).
 // CFP4_PGEMV_SPACER_PF=<MB>: after its wait the spacer asks L2 for the
 // next call's weights (cp.async.bulk.prefetch.L2), at most <MB> MB of codes and the
-// matching scales; a silu layer's gate and up halves get equal shares. So the harness
-// says what a GEMV gains when its weights were fetched during such a window.
+// matching scales; a silu layer's gate and up halves get equal shares. Caveat (measured,
+// docs/benchmarks.md, twenty-second session): one CTA's copy engine issues about 0.3 TB/s
+// of prefetch, so the spacer runs until its ranges are fetched, and the subtraction of the
+// spacers' chain hides that: the rows say what a GEMV gains when its weights are in L2,
+// not what a prefetch in a window of that length gives.
 static long g_spacer_ns = 0;
 static double g_spacer_pf_mb = 0;
 struct PfRange {
