@@ -19,6 +19,20 @@ abc)
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abc decode_bench "decode_bench_new CFP4_DECODE_NO_PREFETCH_NEXT=1" decode_bench_new
     tar -C "$OUT" -cJf "$OUT/abc-logs.tar.xz" $(cd "$OUT" && ls abc-*.log) && rm -f "$OUT"/abc-*.log
     ;;
+abd)
+    # main (with the norm prefetch) against the q|k|v -> o prefetch at the end of q|k|v's
+    # main loop (decode_bench_d: docs/logs/s22/prefetch-next's patch, only that link).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abd decode_bench_new decode_bench_d
+    tar -C "$OUT" -cJf "$OUT/abd-logs.tar.xz" $(cd "$OUT" && ls abd-*.log) && rm -f "$OUT"/abd-*.log
+    ;;
+abe)
+    # main (the norm's prefetch-only CTAs wait for the previous GEMV) against
+    # decode_bench_e (they prefetch at once, in the previous GEMV's tail).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abe decode_bench_new decode_bench_e
+    tar -C "$OUT" -cJf "$OUT/abe-logs.tar.xz" $(cd "$OUT" && ls abe-*.log) && rm -f "$OUT"/abe-*.log
+    ;;
 check)
     for b in ${CHECK:-gpu_norm_gemv gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done
     ;;
