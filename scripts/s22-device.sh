@@ -33,6 +33,11 @@ abe)
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abe decode_bench_new decode_bench_e
     tar -C "$OUT" -cJf "$OUT/abe-logs.tar.xz" $(cd "$OUT" && ls abe-*.log) && rm -f "$OUT"/abe-*.log
     ;;
+bench)
+    echo "== decode_bench (this tree)"
+    timeout "${BENCH_TIMEOUT:-380}" ./.carry/decode_bench_new --bench > "$OUT/decode_bench.log" 2>&1
+    echo "rc $?"; tail -40 "$OUT/decode_bench.log"
+    ;;
 check)
     for b in ${CHECK:-gpu_norm_gemv gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done
     ;;

@@ -153,7 +153,9 @@ fn time_steps(m: &mut Llama, ctx: usize, batch: usize) -> Result<Vec<Duration>> 
     Ok(t)
 }
 
-/// The options of a batch-1 graph row at context `ctx`, GEMVs with PDL.
+/// The options of a batch-1 graph row at context `ctx`, GEMVs with PDL (the
+/// tensor-parallel rows').
+#[cfg(feature = "nccl")]
 fn row_opts(kv: KvCacheKind, ctx: usize) -> LoadOptions {
     LoadOptions {
         kv_cache: kv,
