@@ -38,6 +38,12 @@ bench)
     timeout "${BENCH_TIMEOUT:-380}" ./.carry/decode_bench_new --bench > "$OUT/decode_bench.log" 2>&1
     echo "rc $?"; tail -40 "$OUT/decode_bench.log"
     ;;
+abpf)
+    # This tree with and without the norms' L2 prefetch (CFP4_DECODE_NO_L2_PREFETCH=1).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abpf "decode_bench_new CFP4_DECODE_NO_L2_PREFETCH=1" decode_bench_new
+    tar -C "$OUT" -cJf "$OUT/abpf-logs.tar.xz" $(cd "$OUT" && ls abpf-*.log) && rm -f "$OUT"/abpf-*.log
+    ;;
 check)
     for b in ${CHECK:-gpu_norm_gemv gpu_gemv_packed gpu_decode_graph gpu_llama_tiny}; do t $b 200; done
     ;;

@@ -7,8 +7,8 @@ pub use crate::gemv::{GemvKnobs, KernelImage};
 pub use crate::kv_cache::AttnKnobs;
 
 /// The tuning knobs: the GEMVs' ([`GemvKnobs`]: PDL, forced token tile or cluster split,
-/// the sm_80 image) and decode attention's ([`AttnKnobs`]: forced splits, the merge in the
-/// kernel, PDL, the exact window's ring order). [`Default`] is the measured choice of a
+/// the sm_80 image), decode attention's ([`AttnKnobs`]: forced splits, the merge in the
+/// kernel, PDL, the exact window's ring order) and the norms' L2 prefetch. [`Default`] is the measured choice of a
 /// model's layers (the GEMVs with PDL); the ops' own defaults (`GemvKnobs::default()`) are
 /// all-automatic without PDL.
 #[doc(hidden)]
@@ -18,6 +18,9 @@ pub struct Knobs {
     pub gemv: GemvKnobs,
     /// Decode-attention launches.
     pub attention: AttnKnobs,
+    /// The RMSNorm kernel in front of a packed layer asks L2 for its first weights
+    /// ([`QuantLinear::set_l2_prefetch`](crate::quant_linear::QuantLinear::set_l2_prefetch)).
+    pub l2_prefetch: bool,
 }
 
 impl Default for Knobs {
@@ -25,6 +28,7 @@ impl Default for Knobs {
         Self {
             gemv: GemvKnobs::with_pdl(true),
             attention: AttnKnobs::default(),
+            l2_prefetch: true,
         }
     }
 }
@@ -47,6 +51,7 @@ mod tests {
             }
         );
         assert_eq!(k.attention, AttnKnobs::default());
+        assert!(k.l2_prefetch);
         assert!(!GemvKnobs::default().pdl);
     }
 }

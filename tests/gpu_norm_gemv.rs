@@ -150,7 +150,8 @@ fn wide_k_is_not_fused() -> R<()> {
 /// Behind a norm kernel (K > 1024) the norm asks L2 for the first of the layer's weights
 /// (whole tiles within two fifths of the L2; with silu_mul the gate and the up tiles): a
 /// hint that must not change a bit. 8B down (33 MB, more than the budget) and 8B gate|up
-/// (58 MB, two runs) and a small layer (all of it), M = 1 and 3, twice each.
+/// (58 MB, two runs) and a small layer (all of it), M = 1 and 3, twice each; and the same
+/// bits with the prefetch turned off (`set_l2_prefetch`).
 #[test]
 fn prefetching_norm_gives_the_composition() -> R<()> {
     test_tables();
@@ -158,7 +159,7 @@ fn prefetching_norm_gives_the_composition() -> R<()> {
     let mut rng = StdRng::seed_from_u64(7);
     for (n, k, silu) in [(64, 4096, false), (4096, 14336, false), (28672, 4096, true)] {
         let l = layer(n, k, &mut rng)?;
-        let ql = QuantLinear::from_nvfp4_parts(
+        let mut ql = QuantLinear::from_nvfp4_parts(
             l.codes.to_device(&dev)?,
             l.scales.to_device(&dev)?,
             l.gs,
@@ -186,6 +187,18 @@ fn prefetching_norm_gives_the_composition() -> R<()> {
                 assert_eq!(bits(&y)?, bits(&y2)?, "[{n}, {k}] m {m}: output");
             }
         }
+        // The knob turns it off (and the values stay).
+        ql.set_l2_prefetch(false);
+        assert!(!ql.prefetches_weights(1, silu));
+        let x = quarters(1, k, &mut rng)?.to_device(&dev)?;
+        let (_, y) = ql.forward_add_norm(&x, None, &norm, silu)?;
+        ql.set_l2_prefetch(true);
+        let (_, y2) = ql.forward_add_norm(&x, None, &norm, silu)?;
+        assert_eq!(
+            bits(&y)?,
+            bits(&y2)?,
+            "[{n}, {k}]: with and without the prefetch"
+        );
     }
     Ok(())
 }

@@ -95,6 +95,9 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         knobs: candle_fp4::knobs::Knobs {
             gemv: candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl),
             attention: attn_knobs()?,
+            // CFP4_DECODE_NO_L2_PREFETCH=1: the norms do not prefetch the next layer's
+            // weights (an A/B in one binary).
+            l2_prefetch: std::env::var_os("CFP4_DECODE_NO_L2_PREFETCH").is_none(),
         },
         ..LoadOptions::default()
     };

@@ -166,7 +166,7 @@ impl QuantLinear {
         }
         // The norm kernel asks L2 for the first of this layer's weights meanwhile.
         #[cfg(feature = "cuda")]
-        let prefetch = match (self.bias.is_none(), x.dims()) {
+        let prefetch = match (self.bias.is_none() && self.l2_prefetch, x.dims()) {
             (true, [m, _]) => self.plans.l2_prefetch(*m, silu_mul),
             _ => None,
         };
@@ -204,7 +204,7 @@ impl QuantLinear {
     pub fn prefetches_weights(&self, m: usize, silu_mul: bool) -> bool {
         #[cfg(feature = "cuda")]
         if self.bias.is_none() {
-            return self.plans.l2_prefetch(m, silu_mul).is_some();
+            return self.l2_prefetch && self.plans.l2_prefetch(m, silu_mul).is_some();
         }
         let _ = (m, silu_mul);
         false

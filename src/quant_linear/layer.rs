@@ -19,6 +19,9 @@ pub struct QuantLinear {
     pub(super) n: usize,
     pub(super) k: usize,
     pub(super) plans: Plans,
+    /// Whether the norm kernel in front of this layer asks L2 for its weights
+    /// ([`set_l2_prefetch`](Self::set_l2_prefetch)).
+    pub(super) l2_prefetch: bool,
 }
 
 /// A bias checked to be `[n]`, as BF16 on `device`.
@@ -75,6 +78,7 @@ impl QuantLinear {
             n,
             k,
             plans,
+            l2_prefetch: true,
         })
     }
 
@@ -126,6 +130,7 @@ impl QuantLinear {
             n,
             k,
             plans,
+            l2_prefetch: true,
         })
     }
 
@@ -153,6 +158,7 @@ impl QuantLinear {
             n,
             k,
             plans,
+            l2_prefetch: true,
         })
     }
 
@@ -164,6 +170,14 @@ impl QuantLinear {
         let device = self.device().clone();
         self.plans = Plans::with_pdl(&device, self.n, self.k, &self.weight, pdl)?;
         Ok(())
+    }
+
+    /// Whether the RMSNorm kernel in front of this layer
+    /// ([`forward_add_norm`](Self::forward_add_norm), unfused) asks L2 for the layer's first
+    /// packed weights while it runs: on by default (sm_90 and newer); a tuning knob of the
+    /// decode step (`Knobs::l2_prefetch`), the result is unchanged.
+    pub fn set_l2_prefetch(&mut self, on: bool) {
+        self.l2_prefetch = on;
     }
 
     /// Input features `K`.

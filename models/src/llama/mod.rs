@@ -124,6 +124,9 @@ impl Llama {
             }
             lm_head.set_pdl(true)?;
         }
+        for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
+            l.set_l2_prefetch(opts.knobs.l2_prefetch);
+        }
         let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         if opts.batch == 0 {
             bail!("LoadOptions::batch must be at least 1")
