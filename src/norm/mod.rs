@@ -7,6 +7,11 @@
 //! / m) · w)`. The CUDA kernel (`kernels/rmsnorm.cu`) performs the same IEEE operations; only
 //! the order of its f32 sum of squares differs, which can move `m` by one BF16 rounding in
 //! rare rows and then `out` by up to two BF16 ulps there (the GPU test's bound).
+//!
+//! On sm_90 and newer the kernel can also ask L2 for the first weights of the layer that
+//! follows it (`QuantLinear::forward_add_norm` passes them, planned at load; extra CTAs,
+//! up to one per SM, issue the prefetch so the rows' CTAs keep their latency chain). A
+//! hint: it changes no value.
 
 #[cfg(feature = "cuda")]
 mod cuda;
