@@ -7,7 +7,7 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 /// Padding bytes after the last UltraQuant slot (the CUDA kernels read whole 16-byte chunks).
 pub const SLOT_PADDING: usize = 16;
 
-/// Which storage a [`KvCache`] uses.
+/// Which storage a [`KvCache`](super::KvCache) uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvCacheKind {
     /// BF16 K and V.

@@ -8,7 +8,7 @@
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// `(Np, Sp)`: `n` rounded up to 128 and `s` rounded up to 4 (saturating at `usize::MAX`
-/// for sizes no buffer can have; [`swizzled_len`] checks).
+/// for sizes no buffer can have; the crate checks sizes read from files before using them).
 pub fn swizzled_shape(n: usize, s: usize) -> (usize, usize) {
     (
         n.div_ceil(128).saturating_mul(128),

@@ -10,7 +10,7 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 
 /// A linear layer `y = x·Wᵀ + b` with an NVFP4 or BF16 weight `[N, K]`; see the module
 /// [module docs](super) for the numerics. Which path runs for each token count is decided once, when the
-/// layer is built on its device, from that device's tuned table ([`use_gemv`]); on a GPU
+/// layer is built on its device, from that device's tuned table ([`use_gemv`](super::use_gemv)); on a GPU
 /// the GEMV launches are planned then too, so `forward` looks nothing up.
 #[derive(Debug, Clone)]
 pub struct QuantLinear {

@@ -143,7 +143,7 @@ impl Block {
     /// in a CUDA graph. The residual stream arrives as `x + delta` (`x` `[batch, hidden]`,
     /// `delta` the previous layer's MLP output, `None` at the first layer) and leaves the
     /// same way, `(x', mlp output)`, so each residual add runs inside the next norm's kernel
-    /// ([`AddRmsNorm`]), or inside the q|k|v and gate|up GEMVs' kernels where they take it
+    /// ([`AddRmsNorm`](candle_fp4::norm::AddRmsNorm)), or inside the q|k|v and gate|up GEMVs' kernels where they take it
     /// ([`QuantLinear::forward_add_norm`]); the result equals
     /// [`forward`](Self::forward)'s `x' + mlp output`.
     pub fn forward_decode(

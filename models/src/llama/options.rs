@@ -30,9 +30,10 @@ pub struct LoadOptions {
     /// model was not trained for); default `false`: such a request is a
     /// [`ConfigError::ContextTooLong`](crate::errors::ConfigError::ContextTooLong).
     pub allow_long_context: bool,
-    /// Sequences the KV cache holds (batched decode: [`Llama::decode_greedy`]); default 1.
+    /// Sequences the KV cache holds (batched decode: [`Llama::decode_greedy`](super::Llama::decode_greedy)); default 1.
     pub batch: usize,
-    /// On CUDA, run [`Llama::decode_greedy`] / [`Llama::decode_logits`] as a captured CUDA
+    /// On CUDA, run [`Llama::decode_greedy`](super::Llama::decode_greedy) /
+    /// [`Llama::decode_logits`](super::Llama::decode_logits) as a captured CUDA
     /// graph (recorded at the second step, replayed from then on); default `true`. `false`
     /// runs the same step eagerly, kernel by kernel.
     pub cuda_graph: bool,

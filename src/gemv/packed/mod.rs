@@ -6,8 +6,8 @@
 //! [`PackedNvfp4::pack`] converts the ModelOpt layout (codes `[N, K/2]`, 128×4-swizzled
 //! E4M3 scales) on the weight's device; [`packed_nvfp4_gemv`] runs the GEMV with the
 //! numerics of [`nvfp4_gemv`](super::nvfp4_gemv) (exact BF16 weights, FP32 accumulation,
-//! the global scale on the accumulator, one rounding). A [`QuantLinear`]
-//! (crate::quant_linear::QuantLinear) on a GPU keeps its NVFP4 weight in this form.
+//! the global scale on the accumulator, one rounding). A
+//! [`QuantLinear`](crate::quant_linear::QuantLinear) on a GPU keeps its NVFP4 weight in this form.
 //!
 //! Every op here also runs on the CPU (the reference: unpack, then the CPU GEMV), so the
 //! layout is tested without a GPU.
