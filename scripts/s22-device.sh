@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Twenty-second session's device runs: $@ = steps (abbin | check | wscheck | spacer | peers)
+# Twenty-second session's device runs: $@ = steps (abbin | abc | abd | abe | abpf | bench |
+# check | wscheck | spacer | window | peers); run through scripts/s22-call.sh (STEPS=...).
 # abbin: $AB_ROWS of the carried decode_bench (main) against decode_bench_new (main with
 #   docs/logs/s21/ws-library.patch applied), $AB_ROUNDS alternating rounds.
 # check: main's GPU tests. wscheck: the patched tree's gpu_gemv_packed (carried as
@@ -34,14 +35,16 @@ abe)
     tar -C "$OUT" -cJf "$OUT/abe-logs.tar.xz" $(cd "$OUT" && ls abe-*.log) && rm -f "$OUT"/abe-*.log
     ;;
 bench)
-    echo "== decode_bench (this tree)"
-    timeout "${BENCH_TIMEOUT:-380}" ./.carry/decode_bench_new --bench > "$OUT/decode_bench.log" 2>&1
+    echo "== decode_bench (${BENCH_BIN:-decode_bench_new})"
+    timeout "${BENCH_TIMEOUT:-380}" "./.carry/${BENCH_BIN:-decode_bench_new}" --bench > "$OUT/decode_bench.log" 2>&1
     echo "rc $?"; tail -40 "$OUT/decode_bench.log"
     ;;
 abpf)
-    # This tree with and without the norms' L2 prefetch (CFP4_DECODE_NO_L2_PREFETCH=1).
+    # One binary ($PF_BIN, default decode_bench_new) with and without the norms' L2
+    # prefetch (CFP4_DECODE_NO_L2_PREFETCH=1).
+    pf_bin="${PF_BIN:-decode_bench_new}"
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abpf "decode_bench_new CFP4_DECODE_NO_L2_PREFETCH=1" decode_bench_new
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abpf "$pf_bin CFP4_DECODE_NO_L2_PREFETCH=1" "$pf_bin"
     tar -C "$OUT" -cJf "$OUT/abpf-logs.tar.xz" $(cd "$OUT" && ls abpf-*.log) && rm -f "$OUT"/abpf-*.log
     ;;
 check)
