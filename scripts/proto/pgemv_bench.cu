@@ -17,6 +17,7 @@
 #include <vector>
 #include "gemv.cuh"
 #include "gemv_packed.cuh"
+#include "l2_prefetch.cuh"
 
 #define CK(x)                                                                                  \
     do {                                                                                       \
@@ -270,41 +271,30 @@ static __nv_bfloat16* g_spacer_x = nullptr;
 static int g_spacer_k = 0;
 // CFP4_PGEMV_SPACER_NS=<ns>: the spacer spins that long after its wait, before it lets the
 // next GEMV launch (a DRAM-idle window, as the decode step's attention and its combine).
-// CFP4_PGEMV_SPACER_PF=<MB>: after its wait the spacer asks L2 for the
-// next call's weights (cp.async.bulk.prefetch.L2), at most <MB> MB of codes and the
-// matching scales; a silu layer's gate and up halves get equal shares. Caveat (measured,
-// docs/benchmarks.md, twenty-second session): one CTA's copy engine issues about 0.3 TB/s
-// of prefetch, so the spacer runs until its ranges are fetched, and the subtraction of the
-// spacers' chain hides that: the rows say what a GEMV gains when its weights are in L2,
-// not what a prefetch in a window of that length gives.
+// CFP4_PGEMV_SPACER_PF=<MB>: the spacer launch adds prefetch-only CTAs (one per SM), as
+// the library's norm kernel does (kernels/rmsnorm.cu): after their wait they ask L2 for the
+// next call's weights (kernels/l2_prefetch.cuh), at most <MB> MB of codes and the matching
+// scales, a silu layer's gate and up halves in equal shares, and exit. (The twenty-second
+// session's first version issued them from the one spacer CTA: one SM's copy engine
+// issues about 0.3 TB/s, so that spacer ran until the weights were in L2 and the
+// subtraction of the spacers' chain hid it; its rows said what a GEMV gains with its
+// weights in L2, not what a prefetch gives; docs/benchmarks.md. This version has not run
+// on a GPU yet.)
 static long g_spacer_ns = 0;
 static double g_spacer_pf_mb = 0;
-struct PfRange {
-    const uint8_t* p;
-    unsigned long long bytes;
-};
-struct Prefetch {
-    PfRange r[4];
-};
-static std::vector<Prefetch> g_pf;  // per weight copy
+static std::vector<L2Prefetch> g_pf;  // per weight copy
 // The spacers' chain alone (per shape: its prefetch differs).
 static bool g_alone_valid = false;
 static double g_alone_us = 0;
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p, unsigned long long bytes) {
-    constexpr unsigned long long CH = 32768;
-    for (unsigned long long o = threadIdx.x * CH; o < bytes; o += blockDim.x * CH) {
-        const unsigned n = unsigned(min(CH, bytes - o)) & ~15u;
-        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
-    }
-}
-__global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k, long ns, Prefetch pf) {
+__global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k, long ns, L2Prefetch pf) {
     // As kernels/rmsnorm.cu: wait for the GEMV, then let the next one launch (its weight
-    // loads overlap this kernel, never the previous GEMV). The prefetch goes after the
-    // wait, when the previous GEMV no longer streams.
+    // loads overlap this kernel, never the previous GEMV). CTAs past the first only prefetch.
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        if (pf.r[i].p) prefetch_l2(pf.r[i].p, pf.r[i].bytes);
+    if (blockIdx.x > 0) {
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        cfp4::l2_prefetch(pf, blockIdx.x - 1, gridDim.x - 1);
+        return;
+    }
     if (ns > 0) {
         unsigned long long t0, t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -334,8 +324,8 @@ static void launch_pdl(void (*kernel)(P...), unsigned grid, unsigned block, size
 }
 // The spacer after call i: it prefetches call i + 1's weights (CFP4_PGEMV_SPACER_PF).
 static void launch_spacer(cudaStream_t st, int i) {
-    const Prefetch pf = g_pf.empty() ? Prefetch{} : g_pf[size_t(i + 1) % g_pf.size()];
-    launch_pdl(spacer_kernel, 1, 256, 0, st, g_spacer_x, g_spacer_k, g_spacer_ns, pf);
+    const L2Prefetch pf = g_pf.empty() ? L2Prefetch{} : g_pf[size_t(i + 1) % g_pf.size()];
+    launch_pdl(spacer_kernel, g_pf.empty() ? 1u : unsigned(1 + sms), 256, 0, st, g_spacer_x, g_spacer_k, g_spacer_ns, pf);
 }
 
 // The spacers' chain alone: time_graph(NoLaunch{}, calls, true).
@@ -494,11 +484,12 @@ int main(int argc, char** argv) {
                 const int segs = s.silu ? 2 : 1, seg_tiles = L.tiles / segs;
                 const size_t want = size_t(g_spacer_pf_mb * 1e6 / segs);
                 const int nt_pf = int(std::min<size_t>(size_t(seg_tiles), (want + tb - 1) / tb));
-                Prefetch pf{};
+                L2Prefetch pf{};
                 for (int g = 0; g < segs; ++g) {
-                    pf.r[2 * g] = {L.pcodes[c] + size_t(g) * seg_tiles * tb, (unsigned long long)(nt_pf * tb)};
-                    pf.r[2 * g + 1] = {reinterpret_cast<const uint8_t*>(L.pscales[c]) + size_t(g) * seg_tiles * sb,
-                                       (unsigned long long)(nt_pf * sb)};
+                    pf.ptr[2 * g] = L.pcodes[c] + size_t(g) * seg_tiles * tb;
+                    pf.bytes[2 * g] = uint64_t(nt_pf) * tb;
+                    pf.ptr[2 * g + 1] = reinterpret_cast<const uint8_t*>(L.pscales[c]) + size_t(g) * seg_tiles * sb;
+                    pf.bytes[2 * g + 1] = uint64_t(nt_pf) * sb;
                 }
                 g_pf.push_back(pf);
             }
