@@ -165,13 +165,10 @@ impl QuantLinear {
             }
         }
         // The norm kernel asks L2 for the first of this layer's weights meanwhile.
-        #[cfg(feature = "cuda")]
-        let prefetch = match (self.bias.is_none() && self.l2_prefetch, x.dims()) {
-            (true, [m, _]) => self.plans.l2_prefetch(*m, silu_mul),
+        let prefetch = match x.dims() {
+            [m, _] => self.norm_prefetch(*m, silu_mul),
             _ => None,
         };
-        #[cfg(not(feature = "cuda"))]
-        let prefetch = None;
         let (s, h) = norm.forward_prefetch(x, delta, prefetch)?;
         let y = if silu_mul {
             self.forward_silu_mul(&h)?
@@ -198,16 +195,23 @@ impl QuantLinear {
 }
 
 impl QuantLinear {
+    /// What the norm kernel in front of this layer asks L2 for when `m` tokens run
+    /// [`forward_add_norm`](Self::forward_add_norm) unfused: the planned ranges of a packed
+    /// weight without bias, unless [`set_l2_prefetch`](Self::set_l2_prefetch) turned it off.
+    fn norm_prefetch(&self, m: usize, silu_mul: bool) -> Option<&crate::kernel_params::L2Prefetch> {
+        #[cfg(feature = "cuda")]
+        if self.bias.is_none() && self.l2_prefetch {
+            return self.plans.l2_prefetch(m, silu_mul);
+        }
+        let _ = (m, silu_mul);
+        None
+    }
+
     /// Whether the norm kernel in front of this layer asks L2 for its weights when `m`
     /// tokens run [`forward_add_norm`](Self::forward_add_norm) unfused: for tests.
     #[doc(hidden)]
     pub fn prefetches_weights(&self, m: usize, silu_mul: bool) -> bool {
-        #[cfg(feature = "cuda")]
-        if self.bias.is_none() {
-            return self.l2_prefetch && self.plans.l2_prefetch(m, silu_mul).is_some();
-        }
-        let _ = (m, silu_mul);
-        false
+        self.norm_prefetch(m, silu_mul).is_some()
     }
 }
 

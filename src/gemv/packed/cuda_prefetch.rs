@@ -37,7 +37,7 @@ pub(crate) fn plan_prefetch(
     let scales = tensor_ptr::<u32>(w.scales, "packed scales", &stream)?;
     // Codes [tiles][2·npairs][32][16 B], scales [tiles][npairs][32] u32: a run of tiles is
     // one range of each (16-byte multiples, as cp.async.bulk needs).
-    let (code_tile, scale_tile) = ((l.npairs * 1024) as u64, (l.npairs * 128) as u64);
+    let (code_tile, scale_tile) = (l.tile_code_bytes() as u64, l.tile_scale_bytes() as u64);
     let mut pf = L2Prefetch::default();
     for (i, &(t0, nt)) in runs.iter().enumerate() {
         let (t0, nt) = (t0 as u64, nt as u64);

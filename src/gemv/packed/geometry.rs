@@ -121,7 +121,8 @@ pub fn l2_prefetch_budget(l2_bytes: usize) -> usize {
     l2_bytes / 5 * 2
 }
 
-/// Packed bytes of one row tile (codes and scales of its `npairs` K pairs).
+/// Packed bytes of one row tile (codes and scales of its `npairs` K pairs): a layout's
+/// `tile_code_bytes() + tile_scale_bytes()`, for the pure rules.
 pub fn packed_tile_bytes(npairs: usize) -> usize {
     npairs.saturating_mul(1024 + 128)
 }
@@ -207,6 +208,13 @@ mod tests {
         assert_eq!(budget, 20_971_520);
         assert!((20 * mb..21 * mb).contains(&budget));
         assert_eq!(packed_tile_bytes(32), 36864);
+        for (n, k) in [(6144, 4096), (4096, 14336), (28672, 4096), (1007, 1024)] {
+            let l = super::super::layout::PackedLayout::new(n, k).unwrap();
+            let per_tile = l.tile_code_bytes() + l.tile_scale_bytes();
+            assert_eq!(packed_tile_bytes(l.npairs), per_tile, "[{n}, {k}]");
+            assert_eq!(l.tiles * l.tile_code_bytes(), l.code_bytes());
+            assert_eq!(l.tiles * l.tile_scale_bytes(), 4 * l.scale_words());
+        }
         // 8B q|k|v (384 tiles, 32 pairs, 14.2 MB): all of it.
         assert_eq!(prefetch_tiles(384, 192, 32, false, budget), vec![(0, 384)]);
         // 8B down (256 tiles of 112 pairs, 33 MB): the first 162 tiles (20.9 MB).

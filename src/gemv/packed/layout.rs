@@ -64,7 +64,18 @@ impl PackedLayout {
 
     /// Bytes of the packed codes: `[tiles][2·npairs][32][16]`.
     pub fn code_bytes(&self) -> usize {
-        self.tiles * 2 * self.npairs * 512
+        self.tiles * self.tile_code_bytes()
+    }
+
+    /// Bytes of one row tile's codes, `[2·npairs][32][16]`: tile `t` starts at
+    /// `t · tile_code_bytes()`.
+    pub fn tile_code_bytes(&self) -> usize {
+        2 * self.npairs * 512
+    }
+
+    /// Bytes of one row tile's scale words, `[npairs][32]` u32.
+    pub fn tile_scale_bytes(&self) -> usize {
+        self.npairs * 32 * 4
     }
 
     /// Words of the packed scales: `[tiles][npairs][32]`.
