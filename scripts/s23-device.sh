@@ -2,6 +2,8 @@
 # Twenty-third session's device runs: $@ = steps; run through scripts/s23-call.sh (STEPS=...).
 # boundary: scripts/proto/boundary_bench (what a kernel boundary costs in a graph: stream
 #   order, PDL's griddepcontrol.wait, or a device-side arrival counter).
+# flag: scripts/proto/pgemv_bench built with -DCFP4_PGEMV_FLAGS (carried as pgemv_bench_flag):
+#   each GEMV chain with PDL's wait and with arrival counters between the calls.
 # Any other step is scripts/s22-device.sh's (abbin, abpf, bench, check, peers, ...).
 # ON_H200="steps": run only when the card is an H200 (the issues' measured target).
 set -o pipefail
@@ -16,6 +18,15 @@ boundary)
     echo "== boundary_bench"
     timeout 120 ./.carry/boundary_bench > "$OUT/boundary.log" 2>&1
     echo "rc $?"; cat "$OUT/boundary.log"
+    # Does the acquire poll invalidate L1 (CCTL.IVALL after the strong load)?
+    cuobjdump -sass .carry/boundary_bench 2>/dev/null | grep -E "CCTL|STRONG|RED|MEMBAR|FENCE" | sort | uniq -c | head -12
+    ;;
+flag)
+    # The packed GEMV harness with each chain timed twice: PDL's wait, and arrival counters.
+    echo "== pgemv_bench_flag"
+    CFP4_PGEMV_FLAG=1 CFP4_PGEMV_M1=1 CFP4_PGEMV_ONLY="${FLAG_SHAPES:-8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,S qkv,S o,S down}" \
+        timeout 200 ./.carry/pgemv_bench_flag > "$OUT/pgemv_flag.log" 2>&1
+    echo "rc $?"; grep -E "^copy|^\| (8B|70B|S )|flag chain|FAIL|failures" "$OUT/pgemv_flag.log" | head -40
     ;;
 *)
     bash scripts/s22-device.sh "$step"
