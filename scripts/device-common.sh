@@ -5,7 +5,7 @@
 #                     the carried binary $TRACE_BIN, default decode_bench);
 #   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds;
 #   ab_binaries       ab_rows of the carried decode_bench against decode_bench_new, logs packed.
-for f in .carry/*.xz; do [ -e "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
+for f in .carry/*.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -dk "$f" && chmod +x "${f%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 t() {

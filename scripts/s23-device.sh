@@ -2,12 +2,15 @@
 # Twenty-third session's device runs: $@ = steps; run through scripts/s23-call.sh (STEPS=...).
 # boundary: scripts/proto/boundary_bench (what a kernel boundary costs in a graph: stream
 #   order, PDL's griddepcontrol.wait, or a device-side arrival counter).
-# flag: scripts/proto/pgemv_bench built with -DCFP4_PGEMV_FLAGS (carried as pgemv_bench_flag):
+# flag: scripts/proto/pgemv_bench (CFP4_PGEMV_FLAG=1):
 #   each GEMV chain with PDL's wait and with arrival counters between the calls.
+# abarr: decode_bench rows with and without the arrival counters (one binary).
+# check: the carried GPU tests.
 # Any other step is scripts/s22-device.sh's (abbin, abpf, bench, check, peers, ...).
 # ON_H200="steps": run only when the card is an H200 (the issues' measured target).
 set -o pipefail
 cd "$(dirname "$0")/.."
+source scripts/device-common.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 steps="$*"
 case "$gpu" in *H200*) steps="$steps ${ON_H200:-}" ;; esac
@@ -21,11 +24,29 @@ boundary)
     # Does the acquire poll invalidate L1 (CCTL.IVALL after the strong load)?
     cuobjdump -sass .carry/boundary_bench 2>/dev/null | grep -E "CCTL|STRONG|RED|MEMBAR|FENCE" | sort | uniq -c | head -12
     ;;
+abarr)
+    # One decode_bench with and without the arrival counters (CFP4_DECODE_ARRIVALS=1).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abarr decode_bench "decode_bench CFP4_DECODE_ARRIVALS=1"
+    tar -C "$OUT" -cJf "$OUT/abarr-logs.tar.xz" $(cd "$OUT" && ls abarr-*.log) && rm -f "$OUT"/abarr-*.log
+    ;;
+check)
+    for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed}; do t $b 240; done
+    ;;
 flag)
     # The packed GEMV harness with each chain timed twice: PDL's wait, and arrival counters.
-    echo "== pgemv_bench_flag"
+    echo "== pgemv_bench (abarr)
+    # One decode_bench with and without the arrival counters (CFP4_DECODE_ARRIVALS=1).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abarr decode_bench "decode_bench CFP4_DECODE_ARRIVALS=1"
+    tar -C "$OUT" -cJf "$OUT/abarr-logs.tar.xz" $(cd "$OUT" && ls abarr-*.log) && rm -f "$OUT"/abarr-*.log
+    ;;
+check)
+    for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed}; do t $b 240; done
+    ;;
+flag)"
     CFP4_PGEMV_FLAG=1 CFP4_PGEMV_M1=1 CFP4_PGEMV_ONLY="${FLAG_SHAPES:-8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,S qkv,S o,S down}" \
-        timeout 200 ./.carry/pgemv_bench_flag > "$OUT/pgemv_flag.log" 2>&1
+        timeout 200 ./.carry/pgemv_bench > "$OUT/pgemv_flag.log" 2>&1
     echo "rc $?"; grep -E "^copy|^\| (8B|70B|S )|flag chain|FAIL|failures" "$OUT/pgemv_flag.log" | head -40
     ;;
 *)

@@ -17,12 +17,15 @@
 //! * [`kv_cache`]: per-layer KV caches (UltraQuant FP4 or BF16, one enum) with decode
 //!   attention (CPU reference, CUDA split-KV flash decoding).
 //! * [`tensor_parallel`]: Megatron-style layer sharding over ranks and CPU collectives.
+//! * [`graph_chain`]: arrival counters between the crate's kernels inside a captured CUDA
+//!   graph (the decode step), in place of waiting for each kernel's completion.
 
 pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod error;
 pub mod gemv;
+pub mod graph_chain;
 pub mod greedy;
 mod kernel_params;
 pub mod knobs;

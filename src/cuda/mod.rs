@@ -4,10 +4,11 @@
 //! (`gemv/cuda.rs`, `kv_cache/cuda.rs`, `kv_cache/attention_cuda.rs`, `nvfp4/dequant_cuda.rs`); this folder imports none
 //! of them.
 
+pub(crate) mod dep;
 mod device;
 mod images;
 mod launch;
 
 pub(crate) use device::facts;
 pub(crate) use images::{Image, KernelFile};
-pub(crate) use launch::{cuda_err, launch, module, Launch, Loaded};
+pub(crate) use launch::{cuda_err, launch, launch_dep, module, Launch, Loaded};
