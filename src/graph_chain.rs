@@ -9,12 +9,10 @@
 //! one dependency is the previous launch of a kernel that arrives (anything else in
 //! between, a cuBLAS matmul, a candle op, a memset, keeps `griddepcontrol.wait`).
 //!
-//! This module is the pure rule ([`ChainPlan`]); `ArrivalChain` (feature `cuda`) arms it on
-//! a device's stream around a capture and owns the counters.
+//! This module is the pure rule (`ChainPlan`); `ArrivalChain` (feature `cuda`, at the
+//! crate root) arms it on a device's stream around a capture and owns the counters.
 // Without the cuda feature only the tests use the rule.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
-#[cfg(feature = "cuda")]
-pub use crate::cuda::dep::{ArrivalChain, ArrivalCounters};
 
 /// A launch that arrives on a counter: its node in the captured graph, its counter's slot
 /// and its CTA count (the arrivals to wait for).

@@ -47,3 +47,7 @@ pub mod ultraquant;
 /// from it, and the planners read the same constants: adding a tile, a head_dim or an
 /// architecture is one edit there.
 pub mod variants;
+
+/// Arrival counters armed around a graph recording ([`graph_chain`]).
+#[cfg(feature = "cuda")]
+pub use cuda::dep::{ArrivalChain, ArrivalCounters};

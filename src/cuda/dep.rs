@@ -2,9 +2,9 @@
 //! stream of this thread while a graph is recorded, and [`before_launch`] /
 //! [`after_launch`] fill a kernel's `cfp4::Dep` (kernels/pdl.cuh) from it. Outside an armed
 //! recording (eager steps, other streams, other threads) they cost one thread-local
-//! lookup and leave the block null.
+//! lookup and leave the block null. [`launch_dep`] launches a kernel with its block.
 
-use super::launch::cuda_err;
+use super::launch::{cuda_err, launch_args, Launch};
 use crate::graph_chain::{ChainPlan, Planned};
 pub(crate) use crate::kernel_params::Dep;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -157,7 +157,7 @@ fn only_dependency(stream: &CudaStream) -> Result<Option<Option<usize>>> {
 
 /// The `Dep` block of a launch about to be enqueued on `stream`, and its plan (`None`
 /// outside an armed recording).
-pub(crate) fn before_launch(stream: &CudaStream) -> Result<(Dep, Option<Planned>)> {
+fn before_launch(stream: &CudaStream) -> Result<(Dep, Option<Planned>)> {
     let key = stream.cu_stream() as usize;
     ARMED.with(|a| {
         let mut a = a.borrow_mut();
@@ -180,7 +180,7 @@ pub(crate) fn before_launch(stream: &CudaStream) -> Result<(Dep, Option<Planned>
 }
 
 /// Records the launch planned as `p` (of `ctas` CTAs) as the chain's last.
-pub(crate) fn after_launch(stream: &CudaStream, p: Option<Planned>, ctas: u32) -> Result<()> {
+fn after_launch(stream: &CudaStream, p: Option<Planned>, ctas: u32) -> Result<()> {
     let Some(p) = p else { return Ok(()) };
     let node = only_dependency(stream)?.flatten();
     let key = stream.cu_stream() as usize;
@@ -190,4 +190,28 @@ pub(crate) fn after_launch(stream: &CudaStream, p: Option<Planned>, ctas: u32) -
         }
     });
     Ok(())
+}
+
+/// [`launch`](super::launch) for a kernel taking a second `__grid_constant__` block, `cfp4::Dep`
+/// (kernels/pdl.cuh): inside an armed recording ([`ArrivalChain`]) the wait on the
+/// previous kernel and this kernel's arrival are planned here, once, while recording;
+/// elsewhere the block is null (griddepcontrol.wait, no arrival).
+///
+/// # Safety
+/// As [`launch`](super::launch); the kernel's second parameter must be `cfp4::Dep`.
+pub(crate) unsafe fn launch_dep<P: DeviceRepr + Copy>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    l: Launch,
+    params: &P,
+) -> Result<()> {
+    let ctas = l.grid.0.saturating_mul(l.grid.1).saturating_mul(l.grid.2);
+    let (mut dep, slot) = before_launch(stream)?;
+    let mut p = *params;
+    let mut args = [
+        &mut p as *mut P as *mut std::ffi::c_void,
+        &mut dep as *mut Dep as *mut std::ffi::c_void,
+    ];
+    launch_args(stream, f, l, &mut args)?;
+    after_launch(stream, slot, ctas)
 }

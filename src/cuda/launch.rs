@@ -156,36 +156,12 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(
     launch_args(stream, f, l, &mut args)
 }
 
-/// [`launch`] for a kernel taking a second `__grid_constant__` block, `cfp4::Dep`
-/// (kernels/pdl.cuh): inside a captured decode graph ([`super::dep`]) the wait on the
-/// previous kernel and this kernel's arrival are planned here, once, while recording;
-/// elsewhere the block is null (griddepcontrol.wait, no arrival).
-///
-/// # Safety
-/// As [`launch`]; the kernel's second parameter must be `cfp4::Dep`.
-pub(crate) unsafe fn launch_dep<P: DeviceRepr + Copy>(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    l: Launch,
-    params: &P,
-) -> Result<()> {
-    let ctas = l.grid.0.saturating_mul(l.grid.1).saturating_mul(l.grid.2);
-    let (mut dep, slot) = super::dep::before_launch(stream)?;
-    let mut p = *params;
-    let mut args = [
-        &mut p as *mut P as *mut std::ffi::c_void,
-        &mut dep as *mut super::dep::Dep as *mut std::ffi::c_void,
-    ];
-    launch_args(stream, f, l, &mut args)?;
-    super::dep::after_launch(stream, slot, ctas)
-}
-
 /// `cuLaunchKernelEx` of `f` with the kernel's argument pointers `args`.
 ///
 /// # Safety
 /// `args` must point at values of the kernel's parameter types, in order, valid until the
 /// launch is enqueued.
-unsafe fn launch_args(
+pub(super) unsafe fn launch_args(
     stream: &CudaStream,
     f: &CudaFunction,
     l: Launch,

@@ -9,6 +9,7 @@ mod device;
 mod images;
 mod launch;
 
+pub(crate) use dep::launch_dep;
 pub(crate) use device::facts;
 pub(crate) use images::{Image, KernelFile};
-pub(crate) use launch::{cuda_err, launch, launch_dep, module, Launch, Loaded};
+pub(crate) use launch::{cuda_err, launch, module, Launch, Loaded};

@@ -19,7 +19,7 @@ use super::step::StepOutput;
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::Device;
-use candle_fp4::graph_chain::{ArrivalChain, ArrivalCounters};
+use candle_fp4::{ArrivalChain, ArrivalCounters};
 
 /// A step's state: not run yet, run once eagerly (warmed), or captured.
 #[derive(Default)]
