@@ -8,7 +8,7 @@ use super::launch::{cuda_err, launch_args, Launch};
 use crate::graph_chain::{ChainPlan, Planned};
 pub(crate) use crate::kernel_params::Dep;
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
 };
 use candle_core::{CudaDevice, Result};
 use std::cell::RefCell;
