@@ -31,7 +31,7 @@ abarr)
     tar -C "$OUT" -cJf "$OUT/abarr-logs.tar.xz" $(cd "$OUT" && ls abarr-*.log) && rm -f "$OUT"/abarr-*.log
     ;;
 check)
-    for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed}; do t $b 240; done
+    for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed kv_cache_gpu}; do t $b 240; done
     ;;
 flag)
     # The packed GEMV harness with each chain timed twice: PDL's wait, and arrival counters.
@@ -42,7 +42,7 @@ flag)
     tar -C "$OUT" -cJf "$OUT/abarr-logs.tar.xz" $(cd "$OUT" && ls abarr-*.log) && rm -f "$OUT"/abarr-*.log
     ;;
 check)
-    for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed}; do t $b 240; done
+    for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed kv_cache_gpu}; do t $b 240; done
     ;;
 flag)"
     CFP4_PGEMV_FLAG=1 CFP4_PGEMV_M1=1 CFP4_PGEMV_ONLY="${FLAG_SHAPES:-8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,S qkv,S o,S down}" \

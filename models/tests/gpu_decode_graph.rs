@@ -259,14 +259,19 @@ fn wide_cfg() -> LlamaConfig {
 
 /// Arrival counters only change how a kernel waits for its predecessor, never what it
 /// computes: the graph with them must give the logits of the graph without them bit for
-/// bit (same plans, same splits), batch 1 and batch 3, 300 steps, and must have planned
+/// bit (same plans, same splits), BF16 and UltraQuant caches (the latter's attention stays
+/// out of the chain), batch 1 and batch 3, 300 steps, and must have planned
 /// counter waits (else this test would compare the graph with itself).
 #[test]
 fn arrival_counters_change_no_bit() {
-    for (cfg_name, cfg) in [("random", random_cfg()), ("wide", wide_cfg())] {
+    for (cfg_name, cfg, kind) in [
+        ("random", random_cfg(), KvCacheKind::Bf16),
+        ("wide", wide_cfg(), KvCacheKind::Bf16),
+        ("wide", wide_cfg(), KvCacheKind::UltraQuant),
+    ] {
         for batch in [1usize, 3] {
             let make = |arrivals: bool| {
-                let mut o = opts(KvCacheKind::Bf16, batch, true);
+                let mut o = opts(kind, batch, true);
                 o.knobs.arrivals = arrivals;
                 Llama::random(
                     cfg.clone(),
@@ -285,13 +290,16 @@ fn arrival_counters_change_no_bit() {
                 let p: Vec<u32> = (0..(3 + 20 * s)).map(|i| (i * 11 % 997) as u32).collect();
                 let x = host(&a.prefill_seq(s, &p).unwrap()).remove(0);
                 let y = host(&b.prefill_seq(s, &p).unwrap()).remove(0);
-                assert_eq!(x, y, "{cfg_name} b{batch}: prefill {s}");
+                assert_eq!(x, y, "{cfg_name} {kind:?} b{batch}: prefill {s}");
                 toks.push(argmax(&y));
             }
             for step in 0..300 {
                 let got = host(&a.decode_logits(&toks).unwrap());
                 let want = host(&b.decode_logits(&toks).unwrap());
-                assert_eq!(got, want, "{cfg_name} b{batch} step {step}: logits differ");
+                assert_eq!(
+                    got, want,
+                    "{cfg_name} {kind:?} b{batch} step {step}: logits differ"
+                );
                 toks = want.iter().map(|l| argmax(l)).collect();
             }
             let (used, waits) = a.graph_arrivals();

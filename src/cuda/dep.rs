@@ -215,3 +215,24 @@ pub(crate) unsafe fn launch_dep<P: DeviceRepr + Copy>(
     launch_args(stream, f, l, &mut args)?;
     after_launch(stream, slot, ctas)
 }
+
+/// [`launch_dep`]'s kernels launched outside the chain: a null `Dep` block (the kernel
+/// waits for its predecessor's completion and arrives nowhere), for launches whose wait is
+/// not at their start (the exact window's late-waiting ring) or that the chain leaves out.
+///
+/// # Safety
+/// As [`launch`](super::launch); the kernel's second parameter must be `cfp4::Dep`.
+pub(crate) unsafe fn launch_null_dep<P: DeviceRepr + Copy>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    l: Launch,
+    params: &P,
+) -> Result<()> {
+    let mut dep = Dep::default();
+    let mut p = *params;
+    let mut args = [
+        &mut p as *mut P as *mut std::ffi::c_void,
+        &mut dep as *mut Dep as *mut std::ffi::c_void,
+    ];
+    launch_args(stream, f, l, &mut args)
+}

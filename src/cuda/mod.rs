@@ -9,7 +9,7 @@ mod device;
 mod images;
 mod launch;
 
-pub(crate) use dep::launch_dep;
+pub(crate) use dep::{launch_dep, launch_null_dep};
 pub(crate) use device::facts;
 pub(crate) use images::{Image, KernelFile};
 pub(crate) use launch::{cuda_err, launch, module, Launch, Loaded};
