@@ -11,9 +11,6 @@
 // contract or approximate it. Only the order of the f32 sum of squares differs from the
 // CPU's sequential sum; it can move m by one bf16 rounding in rare rows (the tests' bound).
 //
-// Inside a captured decode graph the waits may be on the previous kernel's arrival counter
-// instead (pdl.cuh, Dep).
-//
 // PDL: the kernel loads the weight first (written at load, before the previous kernel of
 // the stream), then waits for the previous kernel (which wrote x and delta) before reading
 // them, and lets its dependent launch at once: the next GEMV issues its weight loads while
@@ -49,10 +46,11 @@ __device__ __forceinline__ float block_sum(float acc) {
 using cfp4::norm_m;
 using cfp4::norm_one;
 
-__device__ __forceinline__ void add_rmsnorm(const AddRmsNormParams& p, const cfp4::Dep& dep) {
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
     const int extra = int(gridDim.x) - p.rows;
     if (int(blockIdx.x) >= p.rows) {  // a prefetch-only CTA
-        cfp4::dep_wait(dep);
+        cfp4::griddep_wait();
         cfp4::griddep_launch_dependents();
         cfp4::l2_prefetch(p.prefetch, blockIdx.x - p.rows, extra);
         return;
@@ -75,7 +73,7 @@ __device__ __forceinline__ void add_rmsnorm(const AddRmsNormParams& p, const cfp
             const int v = it * NORM_THREADS + threadIdx.x;
             if (v < nv) ws[it] = reinterpret_cast<const uint4*>(w)[v];
         }
-        cfp4::dep_wait(dep);
+        cfp4::griddep_wait();
         cfp4::griddep_launch_dependents();
         if (extra == 0) cfp4::l2_prefetch(p.prefetch, blockIdx.x, gridDim.x);
 #pragma unroll
@@ -123,7 +121,7 @@ __device__ __forceinline__ void add_rmsnorm(const AddRmsNormParams& p, const cfp
     }
     // Any length or alignment: element by element, the sum re-read from this thread's own
     // stores.
-    cfp4::dep_wait(dep);
+    cfp4::griddep_wait();
     cfp4::griddep_launch_dependents();
     if (extra == 0) cfp4::l2_prefetch(p.prefetch, blockIdx.x, gridDim.x);
     float acc = 0.f;
@@ -141,12 +139,4 @@ __device__ __forceinline__ void add_rmsnorm(const AddRmsNormParams& p, const cfp
         const __nv_bfloat16 s = d ? s_out[c] : x[c];
         out[c] = norm_one(s, m, w[c]);
     }
-}
-
-// dep: pdl.cuh's arrival counters (null outside a captured decode graph); every CTA,
-// prefetch-only ones included, arrives when done.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p, const __grid_constant__ cfp4::Dep dep) {
-    add_rmsnorm(p, dep);
-    cfp4::dep_arrive(dep);
 }

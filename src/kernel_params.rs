@@ -222,21 +222,6 @@ pub(crate) struct L2Prefetch {
     pub bytes: [u64; 4],
 }
 
-/// `Dep` of `kernels/pdl.cuh`: the second parameter block of the packed GEMVs and the
-/// RMSNorm, an arrival-counter wait and arrival planned while a graph is recorded
-/// ([`crate::graph_chain`]); all zero elsewhere.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Dep {
-    /// The previous kernel's counter, or 0 (griddepcontrol.wait).
-    pub wait: u64,
-    /// This kernel's counter, or 0.
-    pub arrive: u64,
-    /// CTAs of the previous kernel.
-    pub wait_ctas: u32,
-    pub _pad: u32,
-}
-
 /// `AddRmsNormParams` of `kernels/rmsnorm.cuh` (residual add + RMSNorm).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -295,15 +280,6 @@ mod tests {
         assert_eq!(offset_of!(L2Prefetch, ptr), 0);
         assert_eq!(offset_of!(L2Prefetch, bytes), 32);
         assert_eq!(size_of::<L2Prefetch>(), 64);
-    }
-
-    /// Offsets written in kernels/pdl.cuh's comments.
-    #[test]
-    fn dep_layout_matches_cuh() {
-        assert_eq!(offset_of!(Dep, wait), 0);
-        assert_eq!(offset_of!(Dep, arrive), 8);
-        assert_eq!(offset_of!(Dep, wait_ctas), 16);
-        assert_eq!(size_of::<Dep>(), 24);
     }
 
     /// Offsets written in kernels/greedy.cuh's comments.

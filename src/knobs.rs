@@ -8,7 +8,7 @@ pub use crate::kv_cache::AttnKnobs;
 
 /// The tuning knobs: the GEMVs' ([`GemvKnobs`]: PDL, forced token tile or cluster split,
 /// the sm_80 image), decode attention's ([`AttnKnobs`]: forced splits, the merge in the
-/// kernel, PDL, the exact window's ring order), the norms' L2 prefetch and the graph's arrival counters. [`Default`] is the measured choice of a
+/// kernel, PDL, the exact window's ring order) and the norms' L2 prefetch. [`Default`] is the measured choice of a
 /// model's layers (the GEMVs with PDL); the ops' own defaults (`GemvKnobs::default()`) are
 /// all-automatic without PDL.
 #[doc(hidden)]
@@ -21,10 +21,6 @@ pub struct Knobs {
     /// The RMSNorm kernel in front of a packed layer asks L2 for its first weights
     /// ([`QuantLinear::set_l2_prefetch`](crate::quant_linear::QuantLinear::set_l2_prefetch)).
     pub l2_prefetch: bool,
-    /// Inside a captured decode step, the packed GEMVs and the RMSNorms wait for their
-    /// predecessor's CTAs on arrival counters instead of its completion
-    /// ([`crate::graph_chain`]).
-    pub arrivals: bool,
 }
 
 impl Default for Knobs {
@@ -33,7 +29,6 @@ impl Default for Knobs {
             gemv: GemvKnobs::with_pdl(true),
             attention: AttnKnobs::default(),
             l2_prefetch: true,
-            arrivals: false,
         }
     }
 }
@@ -57,7 +52,6 @@ mod tests {
         );
         assert_eq!(k.attention, AttnKnobs::default());
         assert!(k.l2_prefetch);
-        assert!(!k.arrivals);
         assert!(!GemvKnobs::default().pdl);
     }
 }

@@ -17,15 +17,12 @@
 //! * [`kv_cache`]: per-layer KV caches (UltraQuant FP4 or BF16, one enum) with decode
 //!   attention (CPU reference, CUDA split-KV flash decoding).
 //! * [`tensor_parallel`]: Megatron-style layer sharding over ranks and CPU collectives.
-//! * [`graph_chain`]: arrival counters between the crate's kernels inside a captured CUDA
-//!   graph (the decode step), in place of waiting for each kernel's completion.
 
 pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod error;
 pub mod gemv;
-pub mod graph_chain;
 pub mod greedy;
 mod kernel_params;
 pub mod knobs;
@@ -47,7 +44,3 @@ pub mod ultraquant;
 /// from it, and the planners read the same constants: adding a tile, a head_dim or an
 /// architecture is one edit there.
 pub mod variants;
-
-/// Arrival counters armed around a graph recording ([`graph_chain`]).
-#[cfg(feature = "cuda")]
-pub use cuda::dep::{ArrivalChain, ArrivalCounters};

@@ -181,7 +181,6 @@ fn kernels_match_cpu_under_emulation() {
     )
     .unwrap();
     std::fs::write(dir.join("emu.h"), include_str!("kv_cache_emu/emu.h")).unwrap();
-    std::fs::write(dir.join("pdl.cuh"), include_str!("kv_cache_emu/pdl.cuh")).unwrap();
     std::fs::write(
         dir.join("nvfp4_decode.cuh"),
         include_str!("kv_cache_emu/nvfp4_decode.cuh"),

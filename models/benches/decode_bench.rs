@@ -98,7 +98,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
             // CFP4_DECODE_NO_L2_PREFETCH=1: the norms do not prefetch the next layer's
             // weights (an A/B in one binary).
             l2_prefetch: std::env::var_os("CFP4_DECODE_NO_L2_PREFETCH").is_none(),
-            arrivals: std::env::var_os("CFP4_DECODE_ARRIVALS").is_some(),
         },
         ..LoadOptions::default()
     };

@@ -18,7 +18,6 @@
 #include "gemv.cuh"
 #include "gemv_packed.cuh"
 #include "l2_prefetch.cuh"
-#include "pdl.cuh"
 
 #define CK(x)                                                                                  \
     do {                                                                                       \
@@ -29,7 +28,7 @@
         }                                                                                      \
     } while (0)
 
-#define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p, const __grid_constant__ cfp4::Dep d);
+#define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
 PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4pair_nt1_u3) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
 PG(cfp4_pgemv_fp4silu_nt2_u2) PG(cfp4_pgemv_fp4_nt4_u2) PG(cfp4_pgemv_fp4silu_nt4_u2)
 PG(cfp4_pgemv_fp4xs_nt1_u3) PG(cfp4_pgemv_fp4xs_nt1_deep)
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(1024) probe_flat(const uint4* w, size_t n16, u
     if (acc == 0x12345678u) sink[0] = acc;
 }
 
-typedef void (*PgFn)(PackedGemvParams, cfp4::Dep);
+typedef void (*PgFn)(PackedGemvParams);
 typedef void (*OgFn)(GemvParams);
 
 // deep: the u = 5 kernel where it exists (plain, one token tile).
@@ -282,10 +281,6 @@ static int g_spacer_k = 0;
 // weights in L2, not what a prefetch gives; docs/benchmarks.md. This version has not run
 // on a GPU yet.)
 static long g_spacer_ns = 0;
-// CFP4_PGEMV_FLAG=1: each timed chain again with arrival counters between the calls
-// instead of griddepcontrol.wait (kernels/pdl.cuh's Dep, as a recorded decode step has them).
-static bool g_flags = false;
-static uint32_t* g_flag_counts = nullptr;
 static double g_spacer_pf_mb = 0;
 static std::vector<L2Prefetch> g_pf;  // per weight copy
 // The spacers' chain alone (per shape: its prefetch differs).
@@ -466,9 +461,6 @@ int main(int argc, char** argv) {
         CK(cudaFuncGetAttributes(&fa, (const void*)f));
         CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));
     }
-    g_flags = getenv("CFP4_PGEMV_FLAG") != nullptr;
-    CK(cudaMalloc(&g_flag_counts, sizeof(uint32_t) * 64));
-    CK(cudaMemset(g_flag_counts, 0, sizeof(uint32_t) * 64));
     const bool spacers = getenv("CFP4_PGEMV_SPACER") != nullptr;
     if (spacers) {
         if (const char* e = getenv("CFP4_PGEMV_SPACER_NS")) g_spacer_ns = atol(e);
@@ -550,20 +542,11 @@ int main(int argc, char** argv) {
                 }
             }
             const int nout = s.silu ? s.n / 2 : s.n;
-            auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_, bool flags = false) {
+            auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
                 PackedGemvParams p{L.pcodes[c], L.pscales[c], x, out, partial, counters, gs * 256.f, m, s.n, s.k, s.k,
                                    L.half_pad, groups, sp_, L.npairs, 0};
-                // Flag chain: call i waits for call i - 1's arrivals (call 0, after a memset of
-                // the counters, for the previous replay's completion).
-                cfp4::Dep d{};
-                if (flags) {
-                    if (i == 0) CK(cudaMemsetAsync(g_flag_counts, 0, sizeof(uint32_t) * 64, st));
-                    d.wait = i ? g_flag_counts + (i - 1) % 64 : nullptr;
-                    d.arrive = g_flag_counts + i % 64;
-                    d.wait_ctas = uint32_t(groups * sp_);
-                }
-                launch_pdl(kfn, unsigned(groups * sp_), unsigned(32 * wp_), xs_smem, st, p, d);
+                launch_pdl(kfn, unsigned(groups * sp_), unsigned(32 * wp_), xs_smem, st, p);
             };
             // correctness (copy 0)
             CK(cudaMemset(out, 0xff, size_t(m) * nout * 2));
@@ -599,12 +582,6 @@ int main(int argc, char** argv) {
                 ++bad;
             }
             const double tp = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, split, warps); });
-            // CFP4_PGEMV_FLAG=1 (no spacers): the same chain with each call waiting for its
-            // predecessor's arrival counter instead of griddepcontrol.wait.
-            if (g_flags && !g_spacer_x) {
-                const double tf = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, split, warps, true); });
-                printf("|   flag chain | %s | %d | pdl %.2f us, flag %.2f us (%+.2f) |\n", s.name, m, tp, tf, tf - tp);
-            }
             int occ_o = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_o, (const void*)og_fn(nt, s.silu), 128, 0));
             const int otiles = s.silu ? (s.n / 2 + 7) / 8 : (s.n + 15) / 16;

@@ -151,22 +151,6 @@ pub(crate) unsafe fn launch<P: DeviceRepr + Copy>(
     l: Launch,
     params: &P,
 ) -> Result<()> {
-    let mut p = *params;
-    let mut args = [&mut p as *mut P as *mut std::ffi::c_void];
-    launch_args(stream, f, l, &mut args)
-}
-
-/// `cuLaunchKernelEx` of `f` with the kernel's argument pointers `args`.
-///
-/// # Safety
-/// `args` must point at values of the kernel's parameter types, in order, valid until the
-/// launch is enqueued.
-pub(super) unsafe fn launch_args(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    l: Launch,
-    args: &mut [*mut std::ffi::c_void],
-) -> Result<()> {
     // On the stack: a launch allocates nothing.
     let mut attrs: [sys::CUlaunchAttribute; 2] = [std::mem::zeroed(), std::mem::zeroed()];
     let mut n_attrs = 0;
@@ -200,6 +184,8 @@ pub(super) unsafe fn launch_args(
         },
         numAttrs: n_attrs as u32,
     };
+    let mut p = *params;
+    let mut args = [&mut p as *mut P as *mut std::ffi::c_void];
     stream
         .context()
         .bind_to_thread()

@@ -4,12 +4,10 @@
 //! (`gemv/cuda.rs`, `kv_cache/cuda.rs`, `kv_cache/attention_cuda.rs`, `nvfp4/dequant_cuda.rs`); this folder imports none
 //! of them.
 
-pub(crate) mod dep;
 mod device;
 mod images;
 mod launch;
 
-pub(crate) use dep::{launch_dep, launch_null_dep};
 pub(crate) use device::facts;
 pub(crate) use images::{Image, KernelFile};
 pub(crate) use launch::{cuda_err, launch, module, Launch, Loaded};

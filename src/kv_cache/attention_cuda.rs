@@ -8,7 +8,7 @@ use super::cuda::{check_slots, launch_lens_update};
 use super::ops::{range, ExactWindow, KvAttention};
 use super::plan::{AttnKernel, AttnPlan};
 use super::shape::{ring_first_default, KvCacheKind};
-use crate::cuda::{launch_dep, launch_null_dep, Launch};
+use crate::cuda::{launch, Launch};
 use crate::kernel_params::{KvAttnParams, KvCombineParams, KvLensParams};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -44,10 +44,10 @@ fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize
 
 /// Launches attention kernel `f` on BF16 K and V held as `s[a..a + half]` and
 /// `s[a + half..a + 2·half]` (`what` names them in errors), keeping both pointers' stream
-/// guards alive across the launch; in a recorded graph's arrival chain when `dep`.
+/// guards alive across the launch.
 ///
 /// # Safety
-/// As `launch`: `params` must be valid for `f` apart from its `k` and `v`.
+/// As [`launch`]: `params` must be valid for `f` apart from its `k` and `v`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn launch_bf16_kv(
     stream: &Arc<CudaStream>,
@@ -58,7 +58,6 @@ unsafe fn launch_bf16_kv(
     f: &CudaFunction,
     l: Launch,
     params: KvAttnParams,
-    dep: bool,
 ) -> Result<()> {
     let (ks, vs) = (s.slice(a..a + half), s.slice(a + half..a + 2 * half));
     let (kp, _gk) = ks.device_ptr(stream);
@@ -71,11 +70,7 @@ unsafe fn launch_bf16_kv(
         v: vp,
         ..params
     };
-    if dep {
-        launch_dep(stream, f, l, &p)
-    } else {
-        launch_null_dep(stream, f, l, &p)
-    }
+    launch(stream, f, l, &p)
 }
 
 /// The device pointer of the rope positions (U32 `[batch]`, contiguous; the op holds the
@@ -302,19 +297,7 @@ pub(crate) fn kv_attention_cuda(
                 ..params
             };
             let l = rk.launch(grid(ring_splits, sh.kv_heads * chunks), pdl);
-            unsafe {
-                launch_bf16_kv(
-                    &stream,
-                    "exact window ring",
-                    ring,
-                    *a,
-                    *half,
-                    &rk.f,
-                    l,
-                    p,
-                    false,
-                )?
-            };
+            unsafe { launch_bf16_kv(&stream, "exact window ring", ring, *a, *half, &rk.f, l, p)? };
         }
         Ok(())
     };
@@ -330,7 +313,7 @@ pub(crate) fn kv_attention_cuda(
         }
         let p = KvAttnParams { k: kp, ..params };
         unsafe {
-            launch_null_dep(
+            launch(
                 &stream,
                 &main.f,
                 main.launch(grid(splits, main_y), main_pdl),
@@ -350,7 +333,7 @@ pub(crate) fn kv_attention_cuda(
         }
         let s = kv.as_cuda_slice::<bf16>()?;
         let l = main.launch(grid(splits, main_y), main_pdl);
-        unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params, true)? };
+        unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params)? };
     }
     if !ring_first {
         launch_ring(true)?;
@@ -374,7 +357,7 @@ pub(crate) fn kv_attention_cuda(
             pdl,
             smem: 0,
         };
-        unsafe { launch_dep(&stream, fc, l, &cp)? };
+        unsafe { launch(&stream, fc, l, &cp)? };
     } else if op.rope.is_some() {
         // No combine kernel: the lengths kernel advances them (it waits for the attention).
         let lp_ = KvLensParams {

@@ -1,7 +1,7 @@
 //! CUDA forward of [`AddRmsNorm`](super::AddRmsNorm) (`kernels/rmsnorm.cu`): the kernel and
 //! the weight's device pointer resolved once ([`plan`]), then launched without a lookup.
 
-use crate::cuda::{facts, launch_dep, module, KernelFile, Launch};
+use crate::cuda::{facts, launch, module, KernelFile, Launch};
 use crate::kernel_params::{AddRmsNormParams, L2Prefetch};
 use crate::layout::contiguous_range;
 use candle_core::backend::BackendStorage;
@@ -138,7 +138,7 @@ pub(super) fn forward(
             pdl: plan.pdl,
             smem: 0,
         };
-        unsafe { launch_dep(&stream, &plan.f, l, &p)? };
+        unsafe { launch(&stream, &plan.f, l, &p)? };
     }
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }

@@ -154,9 +154,8 @@ template <int N> inline void cp_async_wait() {}
 inline uint32_t dynamic_smem_size() { return uint32_t(g_dyn_bytes); }
 
 // ---- launch
-// Runs `body` (one thread's kernel call) for every thread of every CTA, one CTA at a time.
-template <class F>
-void emu_run(dim3 grid, unsigned block, size_t smem, F body) {
+template <class P>
+void emu_launch(void (*k)(P), dim3 grid, unsigned block, size_t smem, const P& p) {
     gridDim = grid; blockDim.x = block; blockDim.y = 1; blockDim.z = 1;
     g_dyn_bytes = smem;
     for (unsigned z = 0; z < grid.z; ++z)
@@ -169,16 +168,7 @@ void emu_run(dim3 grid, unsigned block, size_t smem, F body) {
                 g_smem.assign(smem + 16, 0xCD);  // garbage, like real smem
                 std::vector<std::thread> th;
                 for (unsigned t = 0; t < block; ++t)
-                    th.emplace_back([=] { threadIdx.x = t; blockIdx.x = x; blockIdx.y = y; blockIdx.z = z; body(); });
+                    th.emplace_back([=] { threadIdx.x = t; blockIdx.x = x; blockIdx.y = y; blockIdx.z = z; k(p); });
                 for (auto& t : th) t.join();
             }
-}
-template <class P>
-void emu_launch(void (*k)(P), dim3 grid, unsigned block, size_t smem, const P& p) {
-    emu_run(grid, block, smem, [=] { k(p); });
-}
-// A kernel that also takes the arrival-counter block (pdl.cuh's Dep): null, as outside a graph.
-template <class P, class D>
-void emu_launch(void (*k)(P, D), dim3 grid, unsigned block, size_t smem, const P& p) {
-    emu_run(grid, block, smem, [=] { k(p, D{}); });
 }

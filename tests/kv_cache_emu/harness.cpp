@@ -26,8 +26,8 @@ float bf(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; std::memcpy(&f, 
 double ulp(double x) { x = std::fabs(x); if (x < 1.17549435e-38) return std::ldexp(1.0, -133); return std::ldexp(1.0, int(std::floor(std::log2(x))) - 7); }
 
 // The attention kernel for (fp4, d, nt), its warps and its dynamic shared memory (Cfg).
-struct AttnKernel { void (*fn)(KvAttnParams, cfp4::Dep); int nw; size_t smem; };
-template <bool FP4, int D, int NT> AttnKernel attn_kernel(void (*fn)(KvAttnParams, cfp4::Dep)) {
+struct AttnKernel { void (*fn)(KvAttnParams); int nw; size_t smem; };
+template <bool FP4, int D, int NT> AttnKernel attn_kernel(void (*fn)(KvAttnParams)) {
     return {fn, Cfg<FP4, D, NT>::NW, size_t(Cfg<FP4, D, NT>::SMEM)};
 }
 AttnKernel attn_kernel(bool fp4, int d, int nt) {

@@ -11,15 +11,11 @@
 //! during the warm-up and the recording, so the graph reads persistent device copies.
 //! Allocations inside the step are stream-ordered (`cuMemAllocAsync`) and freed inside it,
 //! so the graph owns them; the buffers it reads and writes persist in [`super::step::StepBuffers`].
-//! With arrivals on ([`candle_fp4::knobs::Knobs::arrivals`]), the recording arms an
-//! [`ArrivalChain`]: consecutive kernels of the crate wait on their predecessor's arrival
-//! counters instead of its completion, and the graph keeps the counters.
 
 use super::step::StepOutput;
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::Device;
-use candle_fp4::{ArrivalChain, ArrivalCounters};
 
 /// A step's state: not run yet, run once eagerly (warmed), or captured.
 #[derive(Default)]
@@ -32,9 +28,8 @@ enum Slot {
 
 /// An instantiated graph and the thread that recorded it: candle's htod cache, which holds
 /// the device copies of the graph's layout vectors, is thread-local, so a graph is only
-/// replayed on its recording thread (another thread records its own). The arrival
-/// counters its kernels use, if any, live as long as it.
-struct Exec(CudaGraph, std::thread::ThreadId, Option<ArrivalCounters>);
+/// replayed on its recording thread (another thread records its own).
+struct Exec(CudaGraph, std::thread::ThreadId);
 
 // SAFETY: CUDA graph objects may be used from any thread provided calls on one graph are
 // serialized (CUDA driver API, "Graph object thread safety"). The only access is
@@ -48,13 +43,7 @@ unsafe impl Sync for Exec {}
 pub(crate) struct Graphs {
     greedy: Slot,
     logits: Slot,
-    /// Record with arrival counters between the crate's kernels.
-    arrivals: bool,
 }
-
-/// Arrival counters armed per recording: more than any step launches (the 8B step has
-/// about 260 kernels; 80 layers of 8 plus the tail stay below it).
-const ARRIVAL_COUNTERS: usize = 4096;
 
 impl std::fmt::Debug for Graphs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,31 +70,6 @@ pub(crate) enum Ran {
 }
 
 impl Graphs {
-    /// No step captured yet; recordings use arrival counters when `arrivals`.
-    pub(crate) fn new(arrivals: bool) -> Self {
-        Self {
-            arrivals,
-            ..Self::default()
-        }
-    }
-
-    /// Forgets every captured step (the weights they read changed), keeping the options.
-    pub(crate) fn reset(&mut self) {
-        *self = Self::new(self.arrivals);
-    }
-
-    /// Counters handed out and counter waits planned over the captured steps (0, 0 without
-    /// arrivals or before a recording).
-    pub(crate) fn arrivals_planned(&self) -> (usize, usize) {
-        [&self.greedy, &self.logits]
-            .into_iter()
-            .filter_map(|s| match s {
-                Slot::Captured(Exec(_, _, Some(c))) => Some((c.used(), c.waits())),
-                _ => None,
-            })
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-    }
-
     /// Runs the step `body` for `out` on `device`: eagerly the first time, then recorded and
     /// replayed. `body` must read its per-step inputs from device buffers only.
     pub(crate) fn run(
@@ -117,7 +81,6 @@ impl Graphs {
         let Device::Cuda(cu) = device else {
             bail!("CUDA graph decode: the model is not on a CUDA device")
         };
-        let arrivals = self.arrivals;
         let slot = match out {
             StepOutput::Greedy => &mut self.greedy,
             StepOutput::Logits => &mut self.logits,
@@ -136,17 +99,12 @@ impl Graphs {
             Slot::Warm => {
                 let stream = cu.cuda_stream();
                 let _cache = cu.enable_cuda_graph_htod_cache();
-                let chain = arrivals
-                    .then(|| ArrivalChain::begin(cu, ARRIVAL_COUNTERS))
-                    .transpose()
-                    .context("CUDA graph decode: cannot arm the arrival counters")?;
                 stream
                     .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                     .context("CUDA graph decode: cannot start capturing the step")?;
                 let recorded = body();
                 // End the capture whatever happened, so the stream is usable again.
                 let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-                let counters = chain.map(ArrivalChain::end);
                 recorded.context("CUDA graph decode: recording the step failed")?;
                 let graph = graph
                     .context("CUDA graph decode: instantiating the step's graph failed")?
@@ -154,17 +112,17 @@ impl Graphs {
                 graph
                     .launch()
                     .context("CUDA graph decode: replaying the step failed")?;
-                *slot = Slot::Captured(Exec(graph, std::thread::current().id(), counters));
+                *slot = Slot::Captured(Exec(graph, std::thread::current().id()));
                 Ok(Ran::Replayed { recorded: true })
             }
-            Slot::Captured(Exec(_, t, _)) if *t != std::thread::current().id() => {
+            Slot::Captured(Exec(_, t)) if *t != std::thread::current().id() => {
                 // Moved to another thread: warm up and record again there.
                 let _cache = cu.enable_cuda_graph_htod_cache();
                 body()?;
                 *slot = Slot::Warm;
                 Ok(Ran::Eager)
             }
-            Slot::Captured(Exec(g, _, _)) => {
+            Slot::Captured(Exec(g, _)) => {
                 g.launch()
                     .context("CUDA graph decode: replaying the step failed")?;
                 Ok(Ran::Replayed { recorded: false })

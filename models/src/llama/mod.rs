@@ -159,7 +159,7 @@ impl Llama {
             cuda_graph: opts.cuda_graph,
             step_buffers: None,
             #[cfg(feature = "cuda")]
-            graphs: graph::Graphs::new(opts.knobs.arrivals),
+            graphs: Default::default(),
         })
     }
 
@@ -288,7 +288,7 @@ impl Llama {
         // A captured decode step holds the old weights' addresses.
         #[cfg(feature = "cuda")]
         {
-            self.graphs.reset();
+            self.graphs = Default::default();
         }
         self.blocks
             .get_mut(i)
@@ -306,14 +306,6 @@ impl Llama {
     /// Sequences the KV cache holds ([`LoadOptions::batch`]).
     pub fn batch(&self) -> usize {
         self.caches.first().map_or(1, LayerCache::batch)
-    }
-
-    /// Arrival counters handed out and counter waits planned by the captured decode steps
-    /// ([`candle_fp4::graph_chain`]; `(0, 0)` without them). For the tests.
-    #[doc(hidden)]
-    #[cfg(feature = "cuda")]
-    pub fn graph_arrivals(&self) -> (usize, usize) {
-        self.graphs.arrivals_planned()
     }
 
     /// Tokens cached for every sequence.

@@ -9,7 +9,7 @@ use super::geometry::{
     staged_smem, PACKED_WARPS,
 };
 use super::layout::PackedLayout;
-use crate::cuda::{cuda_err, facts, launch_dep, module, Image, KernelFile, Launch};
+use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{
@@ -384,7 +384,7 @@ pub(crate) fn forward(
             ..plan.params(m, rs, global_scale)
         };
         let (f, how) = plan.launch_for(m);
-        unsafe { launch_dep(&stream, f, how, &p)? };
+        unsafe { launch(&stream, f, how, &p)? };
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),

@@ -5,7 +5,7 @@
 use super::cuda::{finish_plan, occupancies, PackedPlan};
 use super::geometry::{packed_geometry, use_norm_prologue, NORM_K_MAX, NORM_MAX_M};
 use super::layout::PackedLayout;
-use crate::cuda::{facts, launch_dep, module, Image, KernelFile, Launch};
+use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{pgemv_norm_kernel_name, PGEMV_NORM_KERNELS};
@@ -163,7 +163,7 @@ pub(crate) fn forward_norm(
             smem: (m * (k + 8) * 2) as u32,
             ..base.launch
         };
-        unsafe { launch_dep(&stream, &base.f, launch_m, &p)? };
+        unsafe { launch(&stream, &base.f, launch_m, &p)? };
     }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev),
