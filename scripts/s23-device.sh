@@ -4,7 +4,9 @@
 #   order, PDL's griddepcontrol.wait, or a device-side arrival counter).
 # flag: scripts/proto/pgemv_bench (CFP4_PGEMV_FLAG=1):
 #   each GEMV chain with PDL's wait and with arrival counters between the calls.
+# abarr, flag: the arrival chain's binaries (docs/logs/s23/arrival-chain.patch; reverted).
 # abarr: decode_bench rows with and without the arrival counters (one binary).
+# ablate: main's decode_bench against decode_bench_late (GEMV trigger after its wait).
 # check: the carried GPU tests.
 # Any other step is scripts/s22-device.sh's (abbin, abpf, bench, check, peers, ...).
 # ON_H200="steps": run only when the card is an H200 (the issues' measured target).
@@ -33,6 +35,13 @@ abarr)
 check)
     for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed kv_cache_gpu}; do t $b 240; done
     ;;
+ablate)
+    # main's decode_bench against decode_bench_late (the packed GEMVs trigger their
+    # dependents after griddepcontrol.wait, not before it: docs/logs/s23/gemv-trigger-after-wait.patch).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows ablate decode_bench decode_bench_late
+    tar -C "$OUT" -cJf "$OUT/ablate-logs.tar.xz" $(cd "$OUT" && ls ablate-*.log) && rm -f "$OUT"/ablate-*.log
+    ;;
 flag)
     # The packed GEMV harness with each chain timed twice: PDL's wait, and arrival counters.
     echo "== pgemv_bench (abarr)
@@ -43,6 +52,13 @@ flag)
     ;;
 check)
     for b in ${CHECK:-gpu_decode_graph gpu_norm_gemv gpu_gemv_packed kv_cache_gpu}; do t $b 240; done
+    ;;
+ablate)
+    # main's decode_bench against decode_bench_late (the packed GEMVs trigger their
+    # dependents after griddepcontrol.wait, not before it: docs/logs/s23/gemv-trigger-after-wait.patch).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows ablate decode_bench decode_bench_late
+    tar -C "$OUT" -cJf "$OUT/ablate-logs.tar.xz" $(cd "$OUT" && ls ablate-*.log) && rm -f "$OUT"/ablate-*.log
     ;;
 flag)"
     CFP4_PGEMV_FLAG=1 CFP4_PGEMV_M1=1 CFP4_PGEMV_ONLY="${FLAG_SHAPES:-8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,S qkv,S o,S down}" \

@@ -8,6 +8,9 @@
 //          until every CTA of the previous kernel has released its arrival on a counter
 //          (red.release.gpu), instead of waiting for the grid's completion. The last CTA to
 //          pass zeroes the counter for the next replay.
+//   pdl-late: griddepcontrol.wait first, launch_dependents after it (the next kernel's
+//          CTAs cannot launch before this one's predecessor is complete: at most two
+//          kernels resident, where pdl lets a third take slots while it waits);
 //   flag+sleep: the same with a 64 ns __nanosleep between polls (fewer L2 requests on the
 //          counter's line while the producers arrive).
 // Each CTA reads one word the previous kernel wrote and writes its own, so the chain
@@ -30,7 +33,7 @@
         }                                                                                      \
     } while (0)
 
-enum Mode { PLAIN = 0, PDL = 1, FLAG = 2, FLAG_SLEEP = 3 };
+enum Mode { PLAIN = 0, PDL = 1, FLAG = 2, FLAG_SLEEP = 3, PDL_LATE = 4 };
 
 __device__ __forceinline__ void spin_ns(long ns) {
     if (ns <= 0) return;
@@ -55,7 +58,11 @@ struct Link {
 };
 
 __global__ void __launch_bounds__(256) link_kernel(Link l) {
-    if (l.mode != PLAIN) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (l.mode != PLAIN && l.mode != PDL_LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (l.mode == PDL_LATE) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
     const bool flag = l.mode == FLAG || l.mode == FLAG_SLEEP;
     if (l.mode == PDL || (flag && l.prev_vals == nullptr)) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -171,17 +178,18 @@ int main() {
     CK(cudaMalloc(&bad, sizeof(unsigned)));
     CK(cudaMalloc(&epoch, sizeof(unsigned)));
     CK(cudaMemset(epoch, 0, sizeof(unsigned)));
-    printf("\n| CTAs | work ns | plain us/kernel | pdl | flag | flag+sleep | pdl boundary | flag boundary | stale reads |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| CTAs | work ns | plain us/kernel | pdl | pdl-late | flag | flag+sleep | pdl boundary | flag boundary | stale reads |\n|---|---|---|---|---|---|---|---|---|---|\n");
     int failures = 0;
     for (int per_sm : {1, 2, 3}) {
         for (long w : {0L, 2000L, 5000L}) {
             const int ctas = per_sm * sms;
-            double us[4];
-            unsigned stale[4];
-            for (int m = 0; m < 4; ++m) us[m] = time_chain(m, ctas, len, w, vals, counts, bad, epoch, &stale[m]);
-            printf("| %d | %ld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %u/%u/%u/%u |\n", ctas, w, us[0], us[1], us[2],
-                   us[3], us[1] - w / 1000.0, std::min(us[2], us[3]) - w / 1000.0, stale[0], stale[1], stale[2], stale[3]);
-            failures += stale[0] + stale[1] + stale[2] + stale[3];
+            double us[5];
+            unsigned stale[5];
+            for (int m = 0; m < 5; ++m) us[m] = time_chain(m, ctas, len, w, vals, counts, bad, epoch, &stale[m]);
+            printf("| %d | %ld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %u/%u/%u/%u/%u |\n", ctas, w, us[0], us[1], us[4],
+                   us[2], us[3], us[1] - w / 1000.0, std::min(us[2], us[3]) - w / 1000.0, stale[0], stale[1], stale[2], stale[3],
+                   stale[4]);
+            failures += stale[0] + stale[1] + stale[2] + stale[3] + stale[4];
         }
     }
     printf("\nstale reads: %d (must be 0)\n", failures);
