@@ -24,14 +24,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "proto_cuda.cuh"
 
 enum Mode { PLAIN = 0, PDL = 1, FLAG = 2, FLAG_SLEEP = 3, PDL_LATE = 4 };
 
@@ -140,29 +133,13 @@ static double time_chain(int mode, int ctas, int len, long work_ns, unsigned* va
     CK(cudaMemsetAsync(counts + (len - 1), 0, sizeof(unsigned), st));
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-    std::vector<float> t;
-    for (int r = 0; r < 21; ++r) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-    }
+    const float ms = median_replay_ms(ge, st, 21, 3);
     CK(cudaStreamSynchronize(st));
     CK(cudaMemcpy(bad_host, bad, sizeof(unsigned), cudaMemcpyDeviceToHost));
-    std::sort(t.begin(), t.end());
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaStreamDestroy(st);
-    return double(t[10]) * 1000.0 / len;
+    return double(ms) * 1000.0 / len;
 }
 
 int main() {

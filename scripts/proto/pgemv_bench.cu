@@ -19,14 +19,7 @@
 #include "gemv_packed.cuh"
 #include "l2_prefetch.cuh"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "proto_cuda.cuh"
 
 #define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
 PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4pair_nt1_u3) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
@@ -352,27 +345,11 @@ static double time_graph(F launch, int calls = 32, bool spacers_only = false) {
     for (int i = 0; i < calls; ++i) one(i);
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaGraphLaunch(ge, st));
-    std::vector<float> t;
-    for (int r = 0; r < 15; ++r) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
+    const float ms = median_replay_ms(ge, st, 15, 1);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaStreamDestroy(st);
-    const double us = double(t[7]) * 1000.0 / calls;
+    const double us = double(ms) * 1000.0 / calls;
     if (!spacer || spacers_only) return us;
     if (!g_alone_valid) {
         g_alone_us = time_graph(NoLaunch{}, calls, true);

@@ -1,0 +1,40 @@
+// proto_cuda.cuh: what the stand-alone harnesses of scripts/proto share: CK (exit on a CUDA
+// error, naming the call) and the median time of replays of an instantiated graph.
+#pragma once
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+// Median milliseconds of `reps` replays of `ge` on `st`, each timed alone with CUDA events,
+// after `warm` untimed replays.
+static inline float median_replay_ms(cudaGraphExec_t ge, cudaStream_t st, int reps, int warm) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < warm; ++i) CK(cudaGraphLaunch(ge, st));
+    std::vector<float> t;
+    for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return t[t.size() / 2];
+}
