@@ -365,24 +365,12 @@ static double copy_bw() {
     CK(cudaMalloc(&a, bytes));
     CK(cudaMalloc(&b, bytes));
     CK(cudaMemset(a, 1, bytes));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> t;
-    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    for (int i = 0; i < 9; ++i) {
-        CK(cudaEventRecord(e0));
-        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
+    const float ms = median_ms(0, 9, 1, [&](cudaStream_t st) {
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
+    });
     cudaFree(a);
     cudaFree(b);
-    return 2.0 * bytes / (t[4] * 1e-3) / 1e9;
+    return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
 int main(int argc, char** argv) {

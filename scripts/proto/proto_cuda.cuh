@@ -1,5 +1,5 @@
 // proto_cuda.cuh: what the stand-alone harnesses of scripts/proto share: CK (exit on a CUDA
-// error, naming the call) and the median time of replays of an instantiated graph.
+// error, naming the call) and median event timings (of any work, of graph replays).
 #pragma once
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -16,17 +16,18 @@
         }                                                                                      \
     } while (0)
 
-// Median milliseconds of `reps` replays of `ge` on `st`, each timed alone with CUDA events,
-// after `warm` untimed replays.
-static inline float median_replay_ms(cudaGraphExec_t ge, cudaStream_t st, int reps, int warm) {
+// Median milliseconds of `reps` calls of `work(st)` on `st`, each timed alone with CUDA
+// events, after `warm` untimed calls.
+template <class F>
+static inline float median_ms(cudaStream_t st, int reps, int warm, F work) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int i = 0; i < warm; ++i) CK(cudaGraphLaunch(ge, st));
+    for (int i = 0; i < warm; ++i) work(st);
     std::vector<float> t;
     for (int r = 0; r < reps; ++r) {
         CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
+        work(st);
         CK(cudaEventRecord(e1, st));
         CK(cudaEventSynchronize(e1));
         float ms;
@@ -37,4 +38,9 @@ static inline float median_replay_ms(cudaGraphExec_t ge, cudaStream_t st, int re
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     return t[t.size() / 2];
+}
+
+// Median milliseconds of `reps` replays of `ge` on `st`, after `warm` untimed replays.
+static inline float median_replay_ms(cudaGraphExec_t ge, cudaStream_t st, int reps, int warm) {
+    return median_ms(st, reps, warm, [&](cudaStream_t s) { CK(cudaGraphLaunch(ge, s)); });
 }
