@@ -1,17 +1,17 @@
-// boundary_bench.cu: what one kernel boundary costs inside a CUDA graph on this GPU, three
+// boundary_bench.cu: what one kernel boundary costs inside a CUDA graph on this GPU, five
 // ways, for chains of kernels shaped like the decode step's GEMVs (G CTAs of 256 threads,
 // each busy for W ns after its dependency is met):
 //   plain: stream order only (no PDL);
 //   pdl:   the library's protocol (kernels/pdl.cuh): launch_dependents at the start, then
 //          griddepcontrol.wait (the previous grid complete and its writes visible);
-//   flag:  launch_dependents at the start, then thread 0 of each CTA spins (ld.acquire.gpu)
-//          until every CTA of the previous kernel has released its arrival on a counter
-//          (red.release.gpu), instead of waiting for the grid's completion. The last CTA to
-//          pass zeroes the counter for the next replay.
 //   pdl-late: griddepcontrol.wait first, launch_dependents after it (the next kernel's
 //          CTAs cannot launch before this one's predecessor is complete: at most two
 //          kernels resident, where pdl lets a third take slots while it waits);
-//   flag+sleep: the same with a 64 ns __nanosleep between polls (fewer L2 requests on the
+//   flag:  launch_dependents at the start, then thread 0 of each CTA spins (ld.acquire.gpu)
+//          until every CTA of the previous kernel has released its arrival on a counter
+//          (red.release.gpu), instead of waiting for the grid's completion. The last CTA to
+//          pass (a 1-D grid: gridDim.x CTAs) zeroes the counter for the next replay;
+//   flag+sleep: flag with a 64 ns __nanosleep between polls (fewer L2 requests on the
 //          counter's line while the producers arrive).
 // Each CTA reads one word the previous kernel wrote and writes its own, so the chain
 // carries a data dependency; the result is checked after the timing (flag mode must see
