@@ -1,5 +1,6 @@
 // gemv_common.cuh: device helpers shared by the GEMV kernels (gemv.cu, gemv_packed.cu):
-// programmatic dependent launch (pdl.cuh), streaming loads that skip L1, the bf16 tensor-core MMA.
+// programmatic dependent launch (pdl.cuh), streaming loads that skip L1, the bf16 tensor-core MMA,
+// shared-memory loads and cp.async.
 #pragma once
 #include <stdint.h>
 
@@ -7,6 +8,9 @@
 
 namespace cfp4 {
 
+// The PTX wrappers below; the host emulation (tests/gemv_packed_emu.rs) defines
+// CFP4_HOST_EMU and brings its own, by the PTX semantics.
+#ifndef CFP4_HOST_EMU
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -34,5 +38,23 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// 16 bytes from shared memory (a generic pointer into it).
+__device__ __forceinline__ uint4 ld_shared_v4(const void* p) {
+    uint4 v;
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+
+// 16 bytes global -> shared, asynchronously (cp.async.cg: through L2 only).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
+}
+
+// Waits for every cp.async of this thread.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif  // CFP4_HOST_EMU
 
 }  // namespace cfp4

@@ -28,6 +28,15 @@
 // stream after the add). Only the order of the sum of squares differs from the norm
 // kernel's (a warp tree here, over another thread count).
 //
+// Residual epilogue (plain and pair variants, p.resid non-null): the output row is
+// s = bf16(resid + bf16(y)), the residual stream after the add the next norm would have
+// done, and p.ss_out[tok][group] = the f32 sum of s^2 over the group's rows (a shuffle
+// tree in a fixed order: deterministic). The CTA reads its rows of resid into shared
+// memory right after griddepcontrol.wait, so the tail adds from there. A norm variant
+// given those sums (p.ss_in, p.ss_parts = the producer's groups, delta null) adds the
+// parts in order instead of reducing x, so its prologue is one L2 round trip: no norm
+// kernel, and no CTA repeats the reduction over K.
+//
 // Staged variants (plain, one token tile, one row tile per group): right after
 // griddepcontrol.wait each CTA copies the M rows of x over its own K slice
 // [128 s0, 128 s0 + len) into dynamic shared memory ([M][len + 8] bf16, len a multiple of
@@ -49,6 +58,8 @@ namespace {
 #include "gemv_packed_instances.inc"
 #undef CFP4_PGEMV_CONFIG
 constexpr int MAX_THREADS = MAX_WARPS * 32;
+// Row stride of the residual epilogue's shared rows (two row tiles: the pair variants).
+constexpr int RSD_COLS = 32;
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
 using cfp4::ld_stream_u32;
@@ -86,10 +97,7 @@ struct Stage {
 template <bool SMEM>
 __device__ __forceinline__ uint4 load_x(const __nv_bfloat16* p) {
     if constexpr (SMEM) {
-        uint4 v;
-        const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-        return v;
+        return cfp4::ld_shared_v4(p);
     } else {
         return __ldg(reinterpret_cast<const uint4*>(p));
     }
@@ -134,7 +142,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::
 template <int NT, bool SILU, bool PAIR>
 __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                                              const float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
-                                             float4* red, int group, int slice) {
+                                             float4* red, const __nv_bfloat16* rsd, int group, int slice) {
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -195,6 +203,13 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
 
     // tot[ti][j] in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    const bool res = !SILU && p.resid != nullptr;
+    float ss[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        ss[j][0] = 0.f;
+        ss[j][1] = 0.f;
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -224,11 +239,46 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                         const float4 v = tot[ti][j];
                         const float vv = e == 0 ? (r == 0 ? v.x : v.z) : (r == 0 ? v.y : v.w);
                         const int row = real_row(16 * tl + g + 8 * r, p.n, p.half_pad);
-                        if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(vv * p.out_scale);
+                        if (row < 0) continue;
+                        __nv_bfloat16 y = __float2bfloat16_rn(vv * p.out_scale);
+                        if (res) {
+                            y = __hadd_rn(rsd[tok * RSD_COLS + 16 * ti + g + 8 * r], y);
+                            ss[j][e] = cfp4::add_square(ss[j][e], __bfloat162float(y));
+                        }
+                        out[size_t(tok) * p.n + row] = y;
                     }
                 }
             }
         }
+    }
+    if (!res || p.ss_out == nullptr) return;
+    // Each token's sum over the 16 * TILES rows: lanes with the same t hold the same tokens.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float a = ss[j][e];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const int tok = 8 * j + 2 * t + e;
+            if (g == 0 && tok < p.m) p.ss_out[size_t(tok) * p.groups + group] = a;
+        }
+}
+
+// Residual epilogue: the CTA's rows of resid (tokens < m, real rows) into rsd
+// ([8 * NT][RSD_COLS] bf16: token, then the group's row 16 * ti + r), read after
+// griddep_wait (the previous kernels wrote it); pgemv_finish's barrier orders the tail's
+// reads after these stores.
+template <int NT, bool PAIR>
+__device__ __forceinline__ void load_resid(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) {
+    constexpr int TILES = PAIR ? 2 : 1;
+    const __nv_bfloat16* __restrict__ resid = static_cast<const __nv_bfloat16*>(p.resid);
+    for (int i = threadIdx.x; i < 8 * NT * 16 * TILES; i += blockDim.x) {
+        const int tok = i / (16 * TILES), c = i % (16 * TILES), ti = c / 16;
+        const int tl = PAIR ? 2 * group + ti : group;
+        if (tok >= p.m || (PAIR && tl >= packed_tiles(p))) continue;
+        const int row = real_row(16 * tl + c % 16, p.n, p.half_pad);
+        if (row >= 0) rsd[tok * RSD_COLS + c] = resid[size_t(tok) * p.n + row];
     }
 }
 
@@ -248,6 +298,18 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
     const __nv_bfloat16* __restrict__ d = static_cast<const __nv_bfloat16*>(p.delta);
     __nv_bfloat16* __restrict__ sum = static_cast<__nv_bfloat16*>(p.sum);
     const bool write_sum = d != nullptr && blockIdx.x == 0;
+    // Given sums (ss_in): warp r loads token r's parts now, so their L2 round trip overlaps
+    // the copy of x below, and adds them after it (lanes in order, then a fixed tree).
+    const bool given = p.ss_in != nullptr;
+    constexpr int SSV = 8;
+    float ssv[SSV];
+    if (given && warp < p.m) {
+#pragma unroll
+        for (int i = 0; i < SSV; ++i) {
+            const int q = lane + 32 * i;
+            ssv[i] = q < p.ss_parts ? p.ss_in[size_t(warp) * p.ss_parts + q] : 0.f;
+        }
+    }
     for (int r0 = 0; r0 < p.m; r0 += RB) {
         float acc[RB] = {0.f, 0.f};
         for (int v = tid; v < nv; v += nth) {
@@ -268,8 +330,10 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
                         for (int j = 0; j < 8; ++j) s[j] = __hadd_rn(s[j], dd[j]);
                         if (write_sum) *reinterpret_cast<uint4*>(sum + size_t(r0 + i) * p.k + 8 * v) = xv[i];
                     }
+                    if (!given) {
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[i] = cfp4::add_square(acc[i], __bfloat162float(s[j]));
+                        for (int j = 0; j < 8; ++j) acc[i] = cfp4::add_square(acc[i], __bfloat162float(s[j]));
+                    }
                     *reinterpret_cast<uint4*>(xs + (r0 + i) * ld + 8 * v) = xv[i];
                 }
         }
@@ -280,13 +344,30 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             if (lane == 0 && r0 + i < ROWS) part[warp][r0 + i] = a;
         }
     }
-    __syncthreads();
-    if (tid < p.m) {
-        float tot = 0.f;
-        for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
-        mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
+    if (given) {
+        // Token r by warp r % warps (its first token's parts preloaded above).
+        for (int r = warp; r < p.m; r += nth / 32) {
+            float a = 0.f;
+            int q0 = 0;
+            if (r == warp) {
+#pragma unroll
+                for (int i = 0; i < SSV; ++i) a = __fadd_rn(a, ssv[i]);
+                q0 = 32 * SSV;
+            }
+            for (int q = q0 + lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, p.ss_in[size_t(r) * p.ss_parts + q]);
+            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            if (lane == 0) mrow[r] = cfp4::norm_m(a, p.k, p.eps);
+        }
+        __syncthreads();
+    } else {
+        __syncthreads();
+        if (tid < p.m) {
+            float tot = 0.f;
+            for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
+            mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
+        }
+        __syncthreads();
     }
-    __syncthreads();
     const __nv_bfloat16* __restrict__ nw = static_cast<const __nv_bfloat16*>(p.norm_w);
     for (int v = tid; v < nv; v += nth) {
         const uint4 wv = v == tid ? nw0 : __ldg(reinterpret_cast<const uint4*>(nw) + v);
@@ -312,11 +393,9 @@ __device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16
     const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x);
     for (int i = threadIdx.x; i < p.m * pieces; i += blockDim.x) {
         const int r = i / pieces, c = i - r * pieces;
-        const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(xs + r * ld + 8 * c));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(x + size_t(r) * p.x_stride + k0 + 8 * c)
-                     : "memory");
+        cfp4::cp_async_16(xs + r * ld + 8 * c, x + size_t(r) * p.x_stride + k0 + 8 * c);
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    cfp4::cp_async_wait_all();
     __syncthreads();
 }
 
@@ -329,6 +408,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
+    __shared__ __nv_bfloat16 rsd[SILU ? 1 : 8 * NT * RSD_COLS];  // residual epilogue
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int g = lane >> 2, t = lane & 3;
     const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
@@ -370,6 +450,9 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
     }
     griddep_wait();  // x is written by the previous kernel
+    if constexpr (!SILU) {
+        if (p.resid != nullptr) load_resid<NT, PAIR>(p, rsd, group);
+    }
 
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
     size_t xstride = size_t(p.x_stride);
@@ -433,7 +516,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     }
 
-    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], group, slice);
+    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], rsd, group, slice);
 }
 
 }  // namespace

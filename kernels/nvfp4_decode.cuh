@@ -27,7 +27,9 @@
 // or (2r, 2r+1) (hardware convert)?
 constexpr bool kPermutedPairs = !CFP4_HW_E2M1;
 
-// a * b per bf16 half, rounded to nearest (exact for every product made here).
+// a * b per bf16 half, rounded to nearest (exact for every product made here). The host
+// emulation (CFP4_HOST_EMU) brings its own.
+#ifndef CFP4_HOST_EMU
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     uint32_t d;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -38,6 +40,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 #endif
     return d;
 }
+#endif
 
 // E4M3 byte -> f32 value * 2^bias_log2, exact (any e4m3 value times 2^104..2^118 is a
 // normal f32, and an exact bf16).

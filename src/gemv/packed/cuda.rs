@@ -281,7 +281,7 @@ impl PackedPlan {
     }
 
     /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer
-    /// 0 (the caller sets them) and the norm fields off.
+    /// 0 (the caller sets them), the norm fields and the residual epilogue off.
     pub(super) fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
         let l = &self.layout;
         PackedGemvParams {
@@ -307,6 +307,11 @@ impl PackedPlan {
             sum: 0,
             eps: 0.0,
             pad2: 0,
+            resid: 0,
+            ss_out: 0,
+            ss_in: 0,
+            ss_parts: 0,
+            pad3: 0,
         }
     }
 }

@@ -1,0 +1,34 @@
+// Host stand-ins for what kernels/gemv_packed.cu uses beyond tests/kv_cache_emu/emu.h
+// (included after it, driven by tests/gemv_packed_emu.rs): the vector types, the read-only
+// and L2-only loads and stores as plain memory accesses, the funnel shift, the IEEE
+// intrinsics, and the PTX wrappers of kernels/gemv_common.cuh (CFP4_HOST_EMU drops the
+// device ones) by their PTX semantics: the loads read, cp.async copies at once, mma_bf16 is
+// emu.h's (FP32 accumulation in k order, not the tensor cores' order).
+#pragma once
+#define CFP4_HOST_EMU 1
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+
+struct alignas(8) uint2 { uint32_t x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {
+    const uint64_t v = (uint64_t(hi) << 32) | lo;
+    return uint32_t(v >> (s & 31));
+}
+template <class T> inline T __ldg(const T* p) { return *p; }
+inline float4 __ldcg(const float4* p) { return *p; }
+inline void __stcg(float4* p, float4 v) { *p = v; }
+inline uint32_t __cvta_generic_to_shared(const void* p) { return uint32_t(reinterpret_cast<uintptr_t>(p)); }
+
+namespace cfp4 {
+inline uint4 ld_stream_v4(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
+inline uint2 ld_stream_v2(const void* p) { uint2 v; std::memcpy(&v, p, 8); return v; }
+inline uint32_t ld_stream_u32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline uint4 ld_shared_v4(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
+inline void cp_async_16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
+inline void cp_async_wait_all() {}
+using ::mma_bf16;
+}  // namespace cfp4

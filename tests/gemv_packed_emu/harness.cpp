@@ -1,0 +1,89 @@
+// Host emulation harness of kernels/gemv_packed.cu (driven by tests/gemv_packed_emu.rs):
+// for each case directory the Rust test wrote (cases.txt: one per line), reads the kernel's
+// name, launch and scalar parameters (params.txt) and its input buffers (*.bin), runs the
+// kernel under emu.h, and writes what it produced (out.bin, and ss.bin for the residual
+// epilogue's sums) for the Rust test to compare with the CPU.
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+#include "emu.h"
+#include "emu_gemv.h"
+#include "gemv_packed_emu.cu"
+
+// Every kernel of the instances file, by name (registry.inc is written by the Rust test
+// from the same variant lists).
+static const std::map<std::string, void (*)(PackedGemvParams)> kKernels = {
+#include "registry.inc"
+};
+
+static std::vector<uint8_t> rd(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), {});
+}
+static void wr(const std::string& p, const void* d, size_t n) {
+    std::ofstream f(p, std::ios::binary);
+    f.write(static_cast<const char*>(d), std::streamsize(n));
+}
+
+int main() {
+    std::ifstream cf("cases.txt");
+    std::string dir;
+    int ran = 0;
+    while (std::getline(cf, dir)) {
+        if (dir.empty()) continue;
+        std::ifstream pf(dir + "/params.txt");
+        std::string name;
+        long grid, block, smem, out_elems, ss_elems, partial_floats, m, n, k, x_stride, half_pad, groups, split, npairs, ss_parts;
+        float out_scale, eps;
+        int has_resid, has_ss_in, has_delta, has_norm;
+        pf >> name >> grid >> block >> smem >> out_elems >> ss_elems >> partial_floats >> m >> n >> k >> x_stride >> half_pad >>
+            groups >> split >> npairs >> ss_parts >> out_scale >> eps >> has_resid >> has_ss_in >> has_delta >> has_norm;
+        if (!pf) { std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str()); return 2; }
+        auto it = kKernels.find(name);
+        if (it == kKernels.end()) { std::fprintf(stderr, "%s: no kernel %s\n", dir.c_str(), name.c_str()); return 2; }
+        std::vector<uint8_t> w = rd(dir + "/w.bin"), s = rd(dir + "/scales.bin"), x = rd(dir + "/x.bin");
+        std::vector<uint8_t> resid, ss_in, delta, norm_w;
+        if (has_resid) resid = rd(dir + "/resid.bin");
+        if (has_ss_in) ss_in = rd(dir + "/ss_in.bin");
+        if (has_delta) delta = rd(dir + "/delta.bin");
+        if (has_norm) norm_w = rd(dir + "/norm_w.bin");
+        // Poisoned outputs: every element the kernel must write is checked by the Rust test.
+        std::vector<uint16_t> out(size_t(out_elems), 0x7fa5);
+        std::vector<float> ss(size_t(ss_elems > 0 ? ss_elems : 1), std::nanf(""));
+        std::vector<float> partial(size_t(partial_floats > 0 ? partial_floats : 4), std::nanf(""));
+        std::vector<uint32_t> counters(size_t(groups), 0u);
+        const long sums = has_delta ? m * k : 0;
+        PackedGemvParams p{};
+        p.w = w.data();
+        p.scales = reinterpret_cast<const uint32_t*>(s.data());
+        p.x = x.data();
+        p.out = out.data() + sums;
+        p.partial = partial.data();
+        p.counters = counters.data();
+        p.out_scale = out_scale;
+        p.m = int(m); p.n = int(n); p.k = int(k); p.x_stride = int(x_stride); p.half_pad = int(half_pad);
+        p.groups = int(groups); p.split = int(split); p.npairs = int(npairs);
+        p.delta = has_delta ? delta.data() : nullptr;
+        p.norm_w = has_norm ? norm_w.data() : nullptr;
+        p.sum = has_delta ? out.data() : nullptr;
+        p.eps = eps;
+        p.resid = has_resid ? resid.data() : nullptr;
+        p.ss_out = has_resid && ss_elems > 0 ? ss.data() : nullptr;
+        p.ss_in = has_ss_in ? reinterpret_cast<const float*>(ss_in.data()) : nullptr;
+        p.ss_parts = int(ss_parts);
+        dim3 g; g.x = unsigned(grid);
+        emu_launch(it->second, g, unsigned(block), size_t(smem), p);
+        for (long i = 0; i < groups; ++i)
+            if (counters[size_t(i)] != 0) { std::fprintf(stderr, "%s: counter %ld left at %u\n", dir.c_str(), i, counters[size_t(i)]); return 3; }
+        wr(dir + "/out.bin", out.data(), out.size() * 2);
+        if (ss_elems > 0) wr(dir + "/ss.bin", ss.data(), ss.size() * 4);
+        ++ran;
+    }
+    std::printf("ran %d cases\n", ran);
+    return 0;
+}
