@@ -345,7 +345,8 @@ fn check(dir: &Path, name: &str, c: &Case, inp: &Inputs) -> Vec<String> {
                     .map(|r| s_exp[t * c.n + r] * s_exp[t * c.n + r])
                     .sum();
                 let got = f64::from(ss[t * groups + g]);
-                if !((got - want).abs() <= want * 2f64.powi(-18)) && bad.len() < 16 {
+                let within = (got - want).abs() <= want * 2f64.powi(-18);
+                if !within && bad.len() < 16 {
                     bad.push(format!(
                         "{name} {c:?}: sum of squares, token {t} group {g}: got {got} want {want}"
                     ));
