@@ -467,6 +467,14 @@ fn cases() -> Vec<Case> {
             resid: true,
             ..base.clone()
         },
+        Case {
+            kind: Kind::Staged { u: 5 },
+            n: 48,
+            k: 640,
+            split: 2,
+            resid: true,
+            ..base.clone()
+        },
         // The norm prologue: reducing x (+ delta), or given the sums in parts.
         Case {
             kind: Kind::Norm { silu: false },

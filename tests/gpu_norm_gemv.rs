@@ -19,30 +19,12 @@ use candle_core::{DType, Device, Tensor};
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::dequantize_rows;
 use candle_fp4::quant_linear::QuantLinear;
-use gemv_gpu_common::{abs_dot, check, gpu, layer, R};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use gemv_gpu_common::{abs_dot, check, gpu, layer, test_tables, R};
 
-/// The shipped sm90 table plus entries for the test's untuned shapes (so the layer plans
-/// the packed GEMV for them), as the `CANDLE_FP4_TABLES` override; set before any table
-/// is loaded (every test calls this first).
-fn test_tables() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let text = candle_fp4::tables::embedded_table("sm90").expect("sm90 table");
-        let mut t: serde_json::Value = serde_json::from_str(text).expect("sm90 table parses");
-        let entries = t["entries"].as_array_mut().expect("entries");
-        for (n, k, silu) in [(200, 320, false), (272, 1024, true), (64, 4096, false)] {
-            entries.push(serde_json::json!({
-                "n": n, "k": k, "silu_mul": silu, "bf16": false,
-                "nts": [1, 2, 4], "margins": [1.0, 1.0, 1.0]
-            }));
-        }
-        let dir = std::env::temp_dir().join(format!("cfp4-norm-gemv-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        std::fs::write(dir.join("sm90.json"), t.to_string()).expect("table written");
-        std::env::set_var(candle_fp4::tables::TABLES_ENV, &dir);
-    });
-}
+/// The test's untuned shapes, given table entries so the layer plans the packed GEMV.
+const TABLE_EXTRA: &[(usize, usize, bool)] =
+    &[(200, 320, false), (272, 1024, true), (64, 4096, false)];
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn quarters(rows: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
     let v: Vec<f32> = (0..rows * k)
@@ -61,7 +43,7 @@ fn bits(t: &Tensor) -> R<Vec<u16>> {
 }
 
 fn run(n: usize, k: usize, silu: bool, seed: u64) -> R<()> {
-    test_tables();
+    test_tables(TABLE_EXTRA);
     let dev = gpu();
     let mut rng = StdRng::seed_from_u64(seed);
     let l = layer(n, k, &mut rng)?;
@@ -125,7 +107,7 @@ fn awkward_shapes() -> R<()> {
 
 #[test]
 fn wide_k_is_not_fused() -> R<()> {
-    test_tables();
+    test_tables(TABLE_EXTRA);
     let dev = gpu();
     let mut rng = StdRng::seed_from_u64(6);
     let l = layer(64, 4096, &mut rng)?;
@@ -154,7 +136,7 @@ fn wide_k_is_not_fused() -> R<()> {
 /// bits with the prefetch turned off (`set_l2_prefetch`).
 #[test]
 fn prefetching_norm_gives_the_composition() -> R<()> {
-    test_tables();
+    test_tables(TABLE_EXTRA);
     let dev = gpu();
     let mut rng = StdRng::seed_from_u64(7);
     for (n, k, silu) in [(64, 4096, false), (4096, 14336, false), (28672, 4096, true)] {

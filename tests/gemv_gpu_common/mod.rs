@@ -112,3 +112,27 @@ pub fn check(
     assert!(worst <= 1.0, "{what}: worst error/tolerance {worst}");
     Ok(())
 }
+
+/// The shipped sm90 table plus entries `(n, k, silu_mul)` for a test's untuned shapes (so
+/// the layer plans the packed GEMV for them, every token tile), as the
+/// `CANDLE_FP4_TABLES` override; set once per test binary, before any table is loaded
+/// (every test calls it first, with the same entries or a subset of the first call's).
+#[allow(dead_code)]
+pub fn test_tables(extra: &[(usize, usize, bool)]) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let text = candle_fp4::tables::embedded_table("sm90").expect("sm90 table");
+        let mut t: serde_json::Value = serde_json::from_str(text).expect("sm90 table parses");
+        let entries = t["entries"].as_array_mut().expect("entries");
+        for &(n, k, silu) in extra {
+            entries.push(serde_json::json!({
+                "n": n, "k": k, "silu_mul": silu, "bf16": false,
+                "nts": [1, 2, 4], "margins": [1.0, 1.0, 1.0]
+            }));
+        }
+        let dir = std::env::temp_dir().join(format!("cfp4-test-tables-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("sm90.json"), t.to_string()).expect("table written");
+        std::env::set_var(candle_fp4::tables::TABLES_ENV, &dir);
+    });
+}

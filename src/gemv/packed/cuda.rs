@@ -254,6 +254,31 @@ pub(super) fn finish_plan(
 }
 
 impl PackedPlan {
+    /// Checks `x` (layout `lx`) against the plan: `(m, row stride)` of a BF16 `[m, K]` with
+    /// unit inner stride and 16-byte rows, `1 ≤ m ≤` the plan's tokens.
+    pub(super) fn check_x(&self, op: &str, lx: &Layout) -> Result<(usize, usize)> {
+        let l = &self.layout;
+        let (m, k) = lx.shape().dims2()?;
+        let st = lx.stride();
+        let rs = if m == 1 { k } else { st[0] };
+        if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
+            bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
+        }
+        if k != l.k || m == 0 || m > self.max_m {
+            bail!(
+                "{op}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
+                l.k,
+                self.max_m
+            );
+        }
+        Ok((m, rs))
+    }
+
+    /// CTA groups of a launch (the residual epilogue's parts of the sums of squares).
+    pub(crate) fn groups(&self) -> usize {
+        self.groups
+    }
+
     /// The kernel that serves `m` tokens under this plan (the staged one up to its token
     /// count), or `None` past the plan's tokens.
     pub(crate) fn kernel_for(&self, m: usize) -> Option<&str> {
@@ -333,19 +358,7 @@ pub(crate) fn forward(
     let l = &plan.layout;
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k) = lx.shape().dims2()?;
-    let st = lx.stride();
-    let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-        bail!("{OP}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-    }
-    if k != l.k || m == 0 || m > plan.max_m {
-        bail!(
-            "{OP}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
-            l.k,
-            plan.max_m
-        );
-    }
+    let (m, rs) = plan.check_x(OP, lx)?;
     let (c0, c1) = contiguous_range(OP, "packed codes", lc)?;
     let (s0, s1) = contiguous_range(OP, "packed scales", ls)?;
     if c1 - c0 != l.code_bytes() || s1 - s0 != l.scale_words() || c0 % 16 != 0 {

@@ -2,7 +2,7 @@
 //! kernel before it (the RMSNorm in front of the layer) asks L2 for, planned once per layer
 //! ([`plan_prefetch`]) from the pure rule [`prefetch_tiles`](super::prefetch_tiles).
 
-use super::cuda_norm::{tensor_ptr, PackedWeightRef};
+use super::cuda_weight::{tensor_ptr, PackedWeightRef};
 use super::geometry::{l2_prefetch_budget, prefetch_tiles};
 use crate::cuda::facts;
 use crate::kernel_params::L2Prefetch;

@@ -5,7 +5,8 @@
 //! [`AddRmsNorm::forward`](crate::norm::AddRmsNorm::forward), then the GEMV; the numerics
 //! are the same but for the order of the norm's f32 sum of squares.
 
-use super::cuda_norm::{forward_norm, NormGemvPlan};
+use super::cuda_norm::{forward_norm, NormGemvPlan, NormInput};
+use super::residual::NormSums;
 use crate::norm::AddRmsNorm;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
@@ -16,6 +17,9 @@ struct PackedNormGemv<'a> {
     plan: &'a NormGemvPlan,
     norm_w: u64,
     eps: f32,
+    /// The second input is the sums of squares of x's rows in this many parts (else a
+    /// delta).
+    parts: Option<usize>,
 }
 
 impl CustomOp1 for PackedNormGemv<'_> {
@@ -32,7 +36,7 @@ impl CustomOp1 for PackedNormGemv<'_> {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        forward_norm(self.plan, self.norm_w, self.eps, s, l, None)
+        forward_norm(self.plan, self.norm_w, self.eps, s, l, NormInput::None)
     }
 }
 
@@ -58,7 +62,11 @@ impl CustomOp2 for PackedNormGemv<'_> {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        forward_norm(self.plan, self.norm_w, self.eps, s1, l1, Some((s2, l2)))
+        let input = match self.parts {
+            Some(parts) => NormInput::Sums(s2, l2, parts),
+            None => NormInput::Delta(s2, l2),
+        };
+        forward_norm(self.plan, self.norm_w, self.eps, s1, l1, input)
     }
 }
 
@@ -89,6 +97,7 @@ pub(crate) fn packed_norm_gemv(
         plan,
         norm_w,
         eps: norm.eps(),
+        parts: None,
     };
     let x = x.contiguous()?;
     match delta {
@@ -111,4 +120,39 @@ pub(crate) fn packed_norm_gemv(
             Ok((s, y))
         }
     }
+}
+
+/// `gemv(rms_norm(s) · w_norm)` for the residual stream `s` BF16 `[m, K]` that a residual
+/// epilogue wrote with `sums` (its rows' sums of squares), through `plan` (the layer's
+/// sums plan; `n_out` its output width): the prologue only scales s.
+pub(crate) fn packed_sums_norm_gemv(
+    s: &Tensor,
+    sums: &NormSums,
+    norm: &AddRmsNorm,
+    plan: &Arc<NormGemvPlan>,
+    n_out: usize,
+) -> Result<Tensor> {
+    const OP: &str = "packed NVFP4 GEMV (norm, sums given)";
+    let (m, k) = s.dims2()?;
+    if s.dtype() != DType::BF16 || norm.dim() != k || sums.tokens() != m {
+        bail!(
+            "{OP}: s must be BF16 [{}, {}] (the sums' tokens), got {:?} {:?}",
+            sums.tokens(),
+            norm.dim(),
+            s.dtype(),
+            s.dims()
+        );
+    }
+    let Some(norm_w) = norm.cuda_weight_ptr() else {
+        bail!("{OP}: the norm weight is not on the GPU");
+    };
+    let op = PackedNormGemv {
+        plan,
+        norm_w,
+        eps: norm.eps(),
+        parts: Some(sums.parts()),
+    };
+    s.contiguous()?
+        .apply_op2_no_bwd(sums.buffer(), &op)?
+        .reshape((m, n_out))
 }
