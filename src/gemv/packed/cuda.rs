@@ -291,7 +291,7 @@ impl PackedPlan {
 
     /// The function and launch for `m` tokens (`1 ≤ m ≤ max_m`, checked by the caller):
     /// the staged kernel with its shared memory up to its token count, else the plan's.
-    fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
+    pub(super) fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
         match &self.staged {
             Some(s) if m <= s.max_m => (
                 &s.f,

@@ -9,7 +9,6 @@ use super::geometry::{
     packed_geometry, sums_max_m, use_norm_prologue, use_sums_prologue, NORM_K_MAX, NORM_MAX_M,
     SUMS_SMEM_MAX,
 };
-use super::layout::PackedLayout;
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;

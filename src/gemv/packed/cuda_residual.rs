@@ -11,7 +11,7 @@ use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
-use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Shape};
+use candle_core::{bail, CudaStorage, Layout, Result, Shape};
 use half::bf16;
 
 /// Where the sums of squares start in the residual op's BF16 buffer (in elements): after

@@ -51,7 +51,8 @@ impl NormSums {
 #[cfg(feature = "cuda")]
 mod op {
     use super::super::cuda::PackedPlan;
-    use super::super::cuda_residual::{forward_residual, sums_offset, WeightPtrs};
+    use super::super::cuda_residual::{forward_residual, sums_offset};
+    use super::super::cuda_weight::WeightPtrs;
     use super::NormSums;
     use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
