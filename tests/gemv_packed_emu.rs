@@ -32,7 +32,8 @@ use candle_fp4::variants::{
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::path::Path;
-use std::process::Command;
+
+mod emu_common;
 
 /// Which kernel family a case runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -546,15 +547,11 @@ fn registry() -> String {
 #[test]
 #[ignore = "a C++ build of every packed GEMV variant, about a minute; run with --ignored"]
 fn packed_gemv_kernels_match_cpu_under_emulation() {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    if Command::new(&cxx).arg("--version").output().is_err() {
-        println!("skipped: no C++ compiler `{cxx}`");
-        return;
-    }
+    let Some(cxx) = emu_common::cxx() else { return };
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gemv_packed_emu");
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("inc")).unwrap();
-    let files: [(&str, &str); 12] = [
+    std::fs::create_dir_all(&dir).unwrap();
+    let files: [(&str, &str); 11] = [
         ("gemv_packed_emu.cu", &emulated_source()),
         ("gemv_packed_instances.inc", &pgemv_instances()),
         ("registry.inc", &registry()),
@@ -579,18 +576,12 @@ fn packed_gemv_kernels_match_cpu_under_emulation() {
             "gemv_packed_layout.cuh",
             include_str!("../kernels/gemv_packed_layout.cuh"),
         ),
-        ("emu.h", include_str!("kv_cache_emu/emu.h")),
         ("emu_gemv.h", include_str!("gemv_packed_emu/emu_gemv.h")),
         ("harness.cpp", include_str!("gemv_packed_emu/harness.cpp")),
     ];
     for (name, text) in files {
         std::fs::write(dir.join(name), text).unwrap();
     }
-    std::fs::write(
-        dir.join("inc/cuda_bf16.h"),
-        include_str!("kv_cache_emu/cuda_bf16.h"),
-    )
-    .unwrap();
     let mut rng = StdRng::seed_from_u64(0x9e37_79b9);
     let cases = cases();
     let mut made = Vec::new();
@@ -602,41 +593,7 @@ fn packed_gemv_kernels_match_cpu_under_emulation() {
         made.push((name, inp));
     }
     std::fs::write(dir.join("cases.txt"), index).unwrap();
-    let status = Command::new(&cxx)
-        .current_dir(&dir)
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-ffp-contract=off",
-            "-Wno-unknown-pragmas",
-            "-include",
-            "emu.h",
-            "-include",
-            "emu_gemv.h",
-            "-I",
-            "inc",
-            "-I",
-            ".",
-            "-x",
-            "c++",
-            "harness.cpp",
-            "-o",
-            "emu",
-            "-lpthread",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "compiling the emulator failed");
-    let out = Command::new(dir.join("emu"))
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    println!("{}", String::from_utf8_lossy(&out.stdout));
-    assert!(
-        out.status.success(),
-        "the emulated kernels failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    emu_common::build_and_run(&cxx, &dir, &["emu_gemv.h"]);
     let mut bad = Vec::new();
     for (c, (name, inp)) in cases.iter().zip(&made) {
         bad.extend(check(&dir, name, c, inp));

@@ -19,28 +19,12 @@ use candle_core::{DType, Device, Tensor};
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::dequantize_rows;
 use candle_fp4::quant_linear::QuantLinear;
-use gemv_gpu_common::{abs_dot, check, gpu, layer, test_tables, R};
+use gemv_gpu_common::{abs_dot, bits, check, gpu, layer, quarters, test_tables, R};
 
 /// The test's untuned shapes, given table entries so the layer plans the packed GEMV.
 const TABLE_EXTRA: &[(usize, usize, bool)] =
     &[(200, 320, false), (272, 1024, true), (64, 4096, false)];
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn quarters(rows: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
-    let v: Vec<f32> = (0..rows * k)
-        .map(|_| rng.random_range(-8i32..=8) as f32 / 4.0)
-        .collect();
-    Tensor::from_vec(v, (rows, k), &Device::Cpu)?.to_dtype(DType::BF16)
-}
-
-fn bits(t: &Tensor) -> R<Vec<u16>> {
-    Ok(t.to_device(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<half::bf16>()?
-        .iter()
-        .map(|v| v.to_bits())
-        .collect())
-}
 
 fn run(n: usize, k: usize, silu: bool, seed: u64) -> R<()> {
     test_tables(TABLE_EXTRA);

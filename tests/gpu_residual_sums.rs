@@ -24,28 +24,12 @@ use candle_fp4::gemv::packed::sums_max_m;
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::dequantize_rows;
 use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
-use gemv_gpu_common::{abs_dot, check, gpu, layer, test_tables, R};
+use gemv_gpu_common::{abs_dot, bits, check, gpu, layer, quarters, test_tables, R};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// The awkward shapes, given table entries so the layers plan the packed GEMV (the 8B and
 /// SmolLM2 shapes are in the shipped table).
 const TABLE_EXTRA: &[(usize, usize, bool)] = &[(1024, 320, false), (272, 1024, true)];
-
-fn quarters(rows: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
-    let v: Vec<f32> = (0..rows * k)
-        .map(|_| rng.random_range(-8i32..=8) as f32 / 4.0)
-        .collect();
-    Tensor::from_vec(v, (rows, k), &Device::Cpu)?.to_dtype(DType::BF16)
-}
-
-fn bits(t: &Tensor) -> R<Vec<u16>> {
-    Ok(t.to_device(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<half::bf16>()?
-        .iter()
-        .map(|v| v.to_bits())
-        .collect())
-}
 
 fn packed(n: usize, k: usize, rng: &mut StdRng) -> R<(QuantLinear, Tensor, f32)> {
     let dev = gpu();

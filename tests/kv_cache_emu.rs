@@ -11,6 +11,7 @@
 //! 1, 2 and 5 (merged by the combine kernel, and for 2 and 5 also by the attention kernel's
 //! last CTA), UltraQuant and BF16 caches.
 
+mod emu_common;
 mod kv_cache_common;
 
 use candle_core::{Device, Tensor};
@@ -20,7 +21,6 @@ use kv_cache_common::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::path::Path;
-use std::process::Command;
 
 /// The kernel variant list build.rs generates the instantiations from.
 #[allow(dead_code)]
@@ -157,13 +157,9 @@ fn emulated_source() -> String {
 #[test]
 #[ignore = "about three minutes; run with --ignored"]
 fn kernels_match_cpu_under_emulation() {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    if Command::new(&cxx).arg("--version").output().is_err() {
-        println!("skipped: no C++ compiler `{cxx}`");
-        return;
-    }
+    let Some(cxx) = emu_common::cxx() else { return };
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kv_cache_emu");
-    std::fs::create_dir_all(dir.join("inc")).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("ultraquant_emu.cu"), emulated_source()).unwrap();
     // The kernels' instantiations, generated from src/variants.rs as build.rs does.
     for stem in ["ultraquant", "kv_attention"] {
@@ -180,56 +176,17 @@ fn kernels_match_cpu_under_emulation() {
         include_str!("../kernels/rope_math.cuh"),
     )
     .unwrap();
-    std::fs::write(dir.join("emu.h"), include_str!("kv_cache_emu/emu.h")).unwrap();
     std::fs::write(
         dir.join("nvfp4_decode.cuh"),
         include_str!("kv_cache_emu/nvfp4_decode.cuh"),
     )
     .unwrap();
-    std::fs::write(
-        dir.join("inc/cuda_bf16.h"),
-        include_str!("kv_cache_emu/cuda_bf16.h"),
-    )
-    .unwrap();
+    // harness.cpp includes ultraquant_emu.cu.
     std::fs::write(
         dir.join("harness.cpp"),
         include_str!("kv_cache_emu/harness.cpp"),
     )
     .unwrap();
     dump_cases(&dir);
-    let status = Command::new(&cxx)
-        .current_dir(&dir)
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-ffp-contract=off",
-            "-Wno-unknown-pragmas",
-            "-include",
-            "emu.h",
-            "-I",
-            "inc",
-            "-I",
-            ".",
-        ])
-        .args([
-            "-x",
-            "c++",
-            "harness.cpp", // includes ultraquant_emu.cu
-            "-o",
-            "emu",
-            "-lpthread",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "compiling the emulator failed");
-    let out = Command::new(dir.join("emu"))
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    println!("{}", String::from_utf8_lossy(&out.stdout));
-    assert!(
-        out.status.success(),
-        "emulated kernels differ from the CPU:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    emu_common::build_and_run(&cxx, &dir, &[]);
 }

@@ -153,7 +153,8 @@ impl Plans {
     }
 
     /// The GEMV with the norm prologue that takes the sums of squares, for `m` tokens,
-    /// where the table runs the packed GEMV for `m` and that prologue serves `(m, k)`.
+    /// where the table runs the packed GEMV for `m` and that prologue serves `(m, k)`
+    /// ([`use_sums_prologue`](crate::gemv::packed::use_sums_prologue)).
     #[cfg(feature = "cuda")]
     pub(crate) fn sums_plan(
         &self,
@@ -161,12 +162,24 @@ impl Plans {
         k: usize,
         silu_mul: bool,
     ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>> {
+        let served = crate::gemv::packed::use_sums_prologue(m, k);
+        self.prologue_plan(&self.norm_sums, served, m, silu_mul)
+    }
+
+    /// `slots[silu_mul]` where the table runs the packed GEMV for `m` and the prologue
+    /// `served` the call.
+    #[cfg(feature = "cuda")]
+    fn prologue_plan<'a, T>(
+        &self,
+        slots: &'a [Option<T>; 2],
+        served: bool,
+        m: usize,
+        silu_mul: bool,
+    ) -> Option<&'a T> {
         let packed = matches!(self.choice(m, silu_mul), Choice::Packed(_));
-        if packed && crate::gemv::packed::use_sums_prologue(m, k) {
-            self.norm_sums[usize::from(silu_mul)].as_ref()
-        } else {
-            None
-        }
+        slots[usize::from(silu_mul)]
+            .as_ref()
+            .filter(|_| packed && served)
     }
 
     /// The packed plan for `m` tokens (no `silu_mul`) and the weight's pointers: what the
@@ -196,12 +209,8 @@ impl Plans {
         k: usize,
         silu_mul: bool,
     ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>> {
-        let packed = matches!(self.choice(m, silu_mul), Choice::Packed(_));
-        if packed && crate::gemv::packed::use_norm_prologue(m, k) {
-            self.norm[usize::from(silu_mul)].as_ref()
-        } else {
-            None
-        }
+        let served = crate::gemv::packed::use_norm_prologue(m, k);
+        self.prologue_plan(&self.norm, served, m, silu_mul)
     }
 
     /// What the norm kernel in front of the layer asks L2 for when `m` tokens run the

@@ -117,7 +117,6 @@ pub fn check(
 /// the layer plans the packed GEMV for them, every token tile), as the
 /// `CANDLE_FP4_TABLES` override; set once per test binary, before any table is loaded
 /// (every test calls it first, with the same entries or a subset of the first call's).
-#[allow(dead_code)]
 pub fn test_tables(extra: &[(usize, usize, bool)]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -135,4 +134,23 @@ pub fn test_tables(extra: &[(usize, usize, bool)]) {
         std::fs::write(dir.join("sm90.json"), t.to_string()).expect("table written");
         std::env::set_var(candle_fp4::tables::TABLES_ENV, &dir);
     });
+}
+
+/// `rows × k` BF16 multiples of 1/4 in [-2, 2] (on the CPU): their squares and sums are
+/// exact in f32 in any order (the norm tests' inputs).
+pub fn quarters(rows: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
+    let v: Vec<f32> = (0..rows * k)
+        .map(|_| rng.random_range(-8i32..=8) as f32 / 4.0)
+        .collect();
+    Tensor::from_vec(v, (rows, k), &Device::Cpu)?.to_dtype(DType::BF16)
+}
+
+/// The BF16 bits of `t` (any device), flattened.
+pub fn bits(t: &Tensor) -> R<Vec<u16>> {
+    Ok(t.to_device(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<half::bf16>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
 }

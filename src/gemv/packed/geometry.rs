@@ -187,7 +187,8 @@ pub const SUMS_SMEM_MAX: usize = 2 * (4096 + 8) * 2;
 pub fn use_sums_prologue(m: usize, k: usize) -> bool {
     (1..=NORM_MAX_M).contains(&m)
         && k > 0
-        && m.checked_mul(k + 8)
+        && k.checked_add(8)
+            .and_then(|row| m.checked_mul(row))
             .and_then(|e| e.checked_mul(2))
             .is_some_and(|b| b <= SUMS_SMEM_MAX)
 }

@@ -81,24 +81,8 @@ pub(crate) fn packed_norm_gemv(
     n_out: usize,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "packed NVFP4 GEMV (norm)";
-    let (m, k) = x.dims2()?;
-    if x.dtype() != DType::BF16 || norm.dim() != k {
-        bail!(
-            "{OP}: x must be BF16 [m, {}], got {:?} {:?}",
-            norm.dim(),
-            x.dtype(),
-            x.dims()
-        );
-    }
-    let Some(norm_w) = norm.cuda_weight_ptr() else {
-        bail!("{OP}: the norm weight is not on the GPU");
-    };
-    let op = PackedNormGemv {
-        plan,
-        norm_w,
-        eps: norm.eps(),
-        parts: None,
-    };
+    let (m, op) = norm_op(OP, x, norm, plan, None)?;
+    let k = norm.dim();
     let x = x.contiguous()?;
     match delta {
         None => {
@@ -132,27 +116,46 @@ pub(crate) fn packed_sums_norm_gemv(
     plan: &Arc<NormGemvPlan>,
     n_out: usize,
 ) -> Result<Tensor> {
-    const OP: &str = "packed NVFP4 GEMV (norm, sums given)";
-    let (m, k) = s.dims2()?;
-    if s.dtype() != DType::BF16 || norm.dim() != k || sums.tokens() != m {
+    let (m, op) = norm_op(
+        "packed NVFP4 GEMV (norm, sums given)",
+        s,
+        norm,
+        plan,
+        Some(sums),
+    )?;
+    s.contiguous()?
+        .apply_op2_no_bwd(sums.buffer(), &op)?
+        .reshape((m, n_out))
+}
+
+/// Checks `x` (BF16 `[m, K]` of the norm's width; with `sums`, their `m` tokens) and makes
+/// the op: `(m, op)`.
+fn norm_op<'a>(
+    what: &str,
+    x: &Tensor,
+    norm: &AddRmsNorm,
+    plan: &'a Arc<NormGemvPlan>,
+    sums: Option<&NormSums>,
+) -> Result<(usize, PackedNormGemv<'a>)> {
+    let (m, k) = x.dims2()?;
+    let tokens_ok = sums.is_none_or(|s| s.tokens() == m);
+    if x.dtype() != DType::BF16 || norm.dim() != k || !tokens_ok {
         bail!(
-            "{OP}: s must be BF16 [{}, {}] (the sums' tokens), got {:?} {:?}",
-            sums.tokens(),
+            "{what}: x must be BF16 [m, {}] (with sums: m = their {:?} tokens), got {:?} {:?}",
             norm.dim(),
-            s.dtype(),
-            s.dims()
+            sums.map(|s| s.tokens()),
+            x.dtype(),
+            x.dims()
         );
     }
     let Some(norm_w) = norm.cuda_weight_ptr() else {
-        bail!("{OP}: the norm weight is not on the GPU");
+        bail!("{what}: the norm weight is not on the GPU");
     };
     let op = PackedNormGemv {
         plan,
         norm_w,
         eps: norm.eps(),
-        parts: Some(sums.parts()),
+        parts: sums.map(|s| s.parts()),
     };
-    s.contiguous()?
-        .apply_op2_no_bwd(sums.buffer(), &op)?
-        .reshape((m, n_out))
+    Ok((m, op))
 }
