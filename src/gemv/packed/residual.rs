@@ -50,10 +50,10 @@ impl NormSums {
 
 #[cfg(feature = "cuda")]
 mod op {
-    use super::super::cuda::PackedPlan;
-    use super::super::cuda_residual::{forward_residual, sums_offset};
-    use super::super::cuda_weight::WeightPtrs;
-    use super::NormSums;
+    use crate::gemv::packed::cuda::PackedPlan;
+    use crate::gemv::packed::cuda_residual::{forward_residual, sums_offset};
+    use crate::gemv::packed::cuda_weight::WeightPtrs;
+    use crate::gemv::packed::residual::NormSums;
     use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
     /// The op: inputs `x` `[m, K]` and `resid` `[m, N]`; output one BF16 buffer (see
