@@ -31,8 +31,9 @@
 // Residual epilogue (plain and pair variants, p.resid non-null): the output row is
 // s = bf16(resid + bf16(y)), the residual stream after the add the next norm would have
 // done, and p.ss_out[tok][group] = the f32 sum of s^2 over the group's rows (a shuffle
-// tree in a fixed order: deterministic). The CTA reads its rows of resid into shared
-// memory right after griddepcontrol.wait, so the tail adds from there. A norm variant
+// tree in a fixed order: deterministic). The CTA loads its rows of resid right after
+// griddepcontrol.wait and keeps them in registers through the main loop (ResidRows), so
+// the tail adds from shared memory without another L2 round trip. A norm variant
 // given those sums (p.ss_in, p.ss_parts = the producer's groups, delta null) adds the
 // parts in order instead of reducing x, so its prologue is one L2 round trip: no norm
 // kernel, and no CTA repeats the reduction over K.
@@ -265,22 +266,57 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
         }
 }
 
-// Residual epilogue: the CTA's rows of resid (tokens < m, real rows) into rsd
-// ([8 * NT][RSD_COLS] bf16: token, then the group's row 16 * ti + r), read after
-// griddep_wait (the previous kernels wrote it); pgemv_finish's barrier orders the tail's
-// reads after these stores.
+// Residual epilogue: element i of the CTA's rows of resid, as rsd holds them
+// ([8 * NT][RSD_COLS] bf16: token, then the group's row 16 * ti + r), or -1 when it is not
+// read (a token past m, a padding row, a pair's missing tile).
 template <int NT, bool PAIR>
-__device__ __forceinline__ void load_resid(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) {
+__device__ __forceinline__ long resid_index(const PackedGemvParams& p, int group, int i) {
     constexpr int TILES = PAIR ? 2 : 1;
-    const __nv_bfloat16* __restrict__ resid = static_cast<const __nv_bfloat16*>(p.resid);
-    for (int i = threadIdx.x; i < 8 * NT * 16 * TILES; i += blockDim.x) {
-        const int tok = i / (16 * TILES), c = i % (16 * TILES), ti = c / 16;
-        const int tl = PAIR ? 2 * group + ti : group;
-        if (tok >= p.m || (PAIR && tl >= packed_tiles(p))) continue;
-        const int row = real_row(16 * tl + c % 16, p.n, p.half_pad);
-        if (row >= 0) rsd[tok * RSD_COLS + c] = resid[size_t(tok) * p.n + row];
-    }
+    const int tok = i / (16 * TILES), c = i % (16 * TILES), ti = c / 16;
+    const int tl = PAIR ? 2 * group + ti : group;
+    if (i >= 8 * NT * 16 * TILES || tok >= p.m || (PAIR && tl >= packed_tiles(p))) return -1;
+    const int row = real_row(16 * tl + c % 16, p.n, p.half_pad);
+    return row < 0 ? -1 : long(tok) * p.n + row;
 }
+
+// The residual epilogue's reads of resid, issued right after griddep_wait (the previous
+// kernels wrote it) and stored into rsd only after the main loop (store()), so their L2
+// round trip overlaps the loop instead of delaying its first x load; pgemv_finish's barrier
+// orders the tail's reads after the stores. One token tile: at most 8 tokens x 32 rows
+// over at least 64 threads, SLOTS registers each. Wider token tiles store at once (their
+// launches are not where the epilogue pays: see QuantLinear::forward_residual).
+template <int NT, bool PAIR>
+struct ResidRows {
+    static constexpr int TILES = PAIR ? 2 : 1;
+    static constexpr int SLOTS = NT == 1 ? (8 * 16 * TILES + 63) / 64 : 1;
+    __nv_bfloat16 v[SLOTS];
+
+    __device__ __forceinline__ void load(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) {
+        const __nv_bfloat16* __restrict__ resid = static_cast<const __nv_bfloat16*>(p.resid);
+        if constexpr (NT == 1) {
+#pragma unroll
+            for (int s = 0; s < SLOTS; ++s) {
+                const long at = resid_index<NT, PAIR>(p, group, int(threadIdx.x + s * blockDim.x));
+                if (at >= 0) v[s] = resid[at];
+            }
+        } else {
+            for (int i = threadIdx.x; i < 8 * NT * 16 * TILES; i += blockDim.x) {
+                const long at = resid_index<NT, PAIR>(p, group, i);
+                if (at >= 0) rsd[(i / (16 * TILES)) * RSD_COLS + i % (16 * TILES)] = resid[at];
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) const {
+        if constexpr (NT == 1) {
+#pragma unroll
+            for (int s = 0; s < SLOTS; ++s) {
+                const int i = int(threadIdx.x + s * blockDim.x);
+                if (resid_index<NT, PAIR>(p, group, i) >= 0) rsd[(i / (16 * TILES)) * RSD_COLS + i % (16 * TILES)] = v[s];
+            }
+        }
+    }
+};
 
 // Norm variants: the normalized token rows into xs ([m][k + 8] bf16), CTA 0 writing the
 // sums x + delta; ends with a barrier. Called after griddep_wait by every thread; nw0 is
@@ -450,8 +486,9 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
     }
     griddep_wait();  // x is written by the previous kernel
+    ResidRows<NT, PAIR> rrows;
     if constexpr (!SILU) {
-        if (p.resid != nullptr) load_resid<NT, PAIR>(p, rsd, group);
+        if (p.resid != nullptr) rrows.load(p, rsd, group);
     }
 
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
@@ -516,6 +553,9 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     }
 
+    if constexpr (!SILU) {
+        if (p.resid != nullptr) rrows.store(p, rsd, group);
+    }
     pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], rsd, group, slice);
 }
 

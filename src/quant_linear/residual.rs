@@ -65,8 +65,11 @@ impl QuantLinear {
     /// `resid + self.forward(x)` as the stream the next layer takes: `x` `[M, K]`, `resid`
     /// `[M, N]`. On a GPU with the residual epilogue on ([`set_residual_sums`](Self::set_residual_sums)),
     /// for a packed NVFP4 weight without bias, BF16 inputs and an `M` the table runs the
-    /// packed GEMV for, one kernel adds and writes the sums of squares; otherwise the
-    /// stream is `(resid, delta = self.forward(x))`.
+    /// packed GEMV for, one kernel adds and writes the sums of squares, where the next
+    /// layer (in-features `N`) can take them
+    /// ([`use_sums_prologue`](crate::gemv::packed::use_sums_prologue)`(M, N)`: the add
+    /// alone gains nothing over the next norm kernel's); otherwise the stream is
+    /// `(resid, delta = self.forward(x))`.
     pub fn forward_residual(&self, x: &Tensor, resid: &Tensor) -> Result<ResidualStream> {
         #[cfg(feature = "cuda")]
         if let Some((plan, w)) = self.residual_plan_for(x, resid) {
@@ -130,7 +133,8 @@ impl QuantLinear {
                     && *n == self.n
                     && m == mr
                     && x.dtype() == DType::BF16
-                    && resid.dtype() == DType::BF16 =>
+                    && resid.dtype() == DType::BF16
+                    && crate::gemv::packed::use_sums_prologue(*m, self.n) =>
             {
                 self.plans.residual_plan(*m)
             }
@@ -145,7 +149,10 @@ impl QuantLinear {
     pub fn fuses_residual(&self, m: usize, silu_mul: bool) -> (bool, bool) {
         #[cfg(feature = "cuda")]
         if matches!(self.weight, Weight::Packed(_)) && self.bias.is_none() {
-            let writes = self.residual_sums && !silu_mul && self.plans.residual_plan(m).is_some();
+            let writes = self.residual_sums
+                && !silu_mul
+                && crate::gemv::packed::use_sums_prologue(m, self.n)
+                && self.plans.residual_plan(m).is_some();
             let takes = self.plans.sums_plan(m, self.k, silu_mul).is_some();
             return (writes, takes);
         }
