@@ -13,7 +13,6 @@
 struct alignas(8) uint2 { uint32_t x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {
     const uint64_t v = (uint64_t(hi) << 32) | lo;
     return uint32_t(v >> (s & 31));

@@ -1,0 +1,53 @@
+// Host emulation harness of kernels/rmsnorm.cu (driven by tests/rmsnorm_emu.rs): for each
+// case directory in cases.txt, reads params.txt (rows, n, eps, vec, delta?, extra CTAs)
+// and x.bin, delta.bin, w.bin, runs cfp4_add_rmsnorm over rows + extra CTAs, and writes
+// sum.bin and out.bin (both poisoned first) for the Rust test to compare with the CPU.
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+#include "emu.h"
+#include "rmsnorm_emu.cu"
+
+static std::vector<uint8_t> rd(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), {});
+}
+static void wr(const std::string& p, const void* d, size_t n) {
+    std::ofstream f(p, std::ios::binary);
+    f.write(static_cast<const char*>(d), std::streamsize(n));
+}
+
+int main() {
+    std::ifstream cf("cases.txt");
+    std::string dir;
+    int ran = 0;
+    while (std::getline(cf, dir)) {
+        if (dir.empty()) continue;
+        std::ifstream pf(dir + "/params.txt");
+        long rows, n, extra;
+        float eps;
+        int vec, has_delta;
+        pf >> rows >> n >> eps >> vec >> has_delta >> extra;
+        if (!pf) { std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str()); return 2; }
+        std::vector<uint8_t> x = rd(dir + "/x.bin"), w = rd(dir + "/w.bin"), d;
+        if (has_delta) d = rd(dir + "/delta.bin");
+        std::vector<uint16_t> sum(size_t(rows * n), 0x7fa5), out(size_t(rows * n), 0x7fa5);
+        AddRmsNormParams p{};
+        p.x = x.data();
+        p.delta = has_delta ? d.data() : nullptr;
+        p.weight = w.data();
+        p.sum = sum.data();
+        p.out = out.data();
+        p.rows = int(rows); p.n = int(n); p.eps = eps; p.vec = vec;
+        dim3 g; g.x = unsigned(rows + extra);
+        emu_launch(cfp4_add_rmsnorm, g, NORM_THREADS, 0, p);
+        wr(dir + "/sum.bin", sum.data(), sum.size() * 2);
+        wr(dir + "/out.bin", out.data(), out.size() * 2);
+        ++ran;
+    }
+    std::printf("ran %d cases\n", ran);
+    return 0;
+}
