@@ -21,15 +21,6 @@ static const std::map<std::string, void (*)(PackedGemvParams)> kKernels = {
 #include "registry.inc"
 };
 
-static std::vector<uint8_t> rd(const std::string& p) {
-    std::ifstream f(p, std::ios::binary);
-    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), {});
-}
-static void wr(const std::string& p, const void* d, size_t n) {
-    std::ofstream f(p, std::ios::binary);
-    f.write(static_cast<const char*>(d), std::streamsize(n));
-}
-
 int main() {
     std::ifstream cf("cases.txt");
     std::string dir;
@@ -46,12 +37,12 @@ int main() {
         if (!pf) { std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str()); return 2; }
         auto it = kKernels.find(name);
         if (it == kKernels.end()) { std::fprintf(stderr, "%s: no kernel %s\n", dir.c_str(), name.c_str()); return 2; }
-        std::vector<uint8_t> w = rd(dir + "/w.bin"), s = rd(dir + "/scales.bin"), x = rd(dir + "/x.bin");
+        std::vector<uint8_t> w = emu_read(dir + "/w.bin"), s = emu_read(dir + "/scales.bin"), x = emu_read(dir + "/x.bin");
         std::vector<uint8_t> resid, ss_in, delta, norm_w;
-        if (has_resid) resid = rd(dir + "/resid.bin");
-        if (has_ss_in) ss_in = rd(dir + "/ss_in.bin");
-        if (has_delta) delta = rd(dir + "/delta.bin");
-        if (has_norm) norm_w = rd(dir + "/norm_w.bin");
+        if (has_resid) resid = emu_read(dir + "/resid.bin");
+        if (has_ss_in) ss_in = emu_read(dir + "/ss_in.bin");
+        if (has_delta) delta = emu_read(dir + "/delta.bin");
+        if (has_norm) norm_w = emu_read(dir + "/norm_w.bin");
         // Poisoned outputs: every element the kernel must write is checked by the Rust test.
         std::vector<uint16_t> out(size_t(out_elems), 0x7fa5);
         std::vector<float> ss(size_t(ss_elems > 0 ? ss_elems : 1), std::nanf(""));
@@ -80,8 +71,8 @@ int main() {
         emu_launch(it->second, g, unsigned(block), size_t(smem), p);
         for (long i = 0; i < groups; ++i)
             if (counters[size_t(i)] != 0) { std::fprintf(stderr, "%s: counter %ld left at %u\n", dir.c_str(), i, counters[size_t(i)]); return 3; }
-        wr(dir + "/out.bin", out.data(), out.size() * 2);
-        if (ss_elems > 0) wr(dir + "/ss.bin", ss.data(), ss.size() * 4);
+        emu_write(dir + "/out.bin", out.data(), out.size() * 2);
+        if (ss_elems > 0) emu_write(dir + "/ss.bin", ss.data(), ss.size() * 4);
         ++ran;
     }
     std::printf("ran %d cases\n", ran);

@@ -16,6 +16,9 @@
 #include <vector>
 #include <memory>
 #include <functional>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <algorithm>
 #include "cuda_bf16.h"
 
@@ -153,6 +156,19 @@ inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <int N> inline void cp_async_wait() {}
 inline uint32_t dynamic_smem_size() { return uint32_t(g_dyn_bytes); }
+
+// ---- case files (the harnesses read their inputs and write their outputs as raw bytes)
+template <class T = uint8_t> std::vector<T> emu_read(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::vector<char> b((std::istreambuf_iterator<char>(f)), {});
+    std::vector<T> v(b.size() / sizeof(T));
+    std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+    return v;
+}
+inline void emu_write(const std::string& path, const void* data, size_t bytes) {
+    std::ofstream f(path, std::ios::binary);
+    f.write(static_cast<const char*>(data), std::streamsize(bytes));
+}
 
 // ---- launch
 template <class P>

@@ -18,10 +18,6 @@
 // attention kernels' launch configuration from their Cfg instead of restating it).
 #include "ultraquant_emu.cu"
 
-template <class T> std::vector<T> rd(const std::string& p) {
-    std::ifstream f(p, std::ios::binary); std::vector<char> b((std::istreambuf_iterator<char>(f)), {});
-    std::vector<T> v(b.size() / sizeof(T)); std::memcpy(v.data(), b.data(), b.size()); return v;
-}
 float bf(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 double ulp(double x) { x = std::fabs(x); if (x < 1.17549435e-38) return std::ldexp(1.0, -133); return std::ldexp(1.0, int(std::floor(std::log2(x))) - 7); }
 
@@ -66,31 +62,31 @@ int main(int argc, char** argv) {
         int slot = d + d / 16; size_t nbytes = size_t(batch) * cap * kh * slot;
         std::vector<uint8_t> cache(nbytes + 16, 0);
         for (auto& c : calls[id]) {
-            auto k = rd<uint16_t>(p + "_call" + std::to_string(c[0]) + "_k.bin");
-            auto v = rd<uint16_t>(p + "_call" + std::to_string(c[0]) + "_v.bin");
-            auto lb = rd<uint32_t>(p + "_call" + std::to_string(c[0]) + "_lens.bin");
+            auto k = emu_read<uint16_t>(p + "_call" + std::to_string(c[0]) + "_k.bin");
+            auto v = emu_read<uint16_t>(p + "_call" + std::to_string(c[0]) + "_v.bin");
+            auto lb = emu_read<uint32_t>(p + "_call" + std::to_string(c[0]) + "_lens.bin");
             UqStoreParams sp{cache.data(), k.data(), v.data(), lb.data(), 0.156f, c[1], c[2], c[3], kh, cap, d, 0};
             unsigned warps = c[2] * c[3] * kh; unsigned block = 64;
             auto fn = d == 64 ? cfp4_uq_store_d64 : d == 128 ? cfp4_uq_store_d128 : cfp4_uq_store_d256;
             emu_launch(fn, dim3{(warps + block / 32 - 1) / (block / 32), 1, 1}, block, 0, sp);
         }
-        auto slots = rd<uint8_t>(p + "_slots.bin");
+        auto slots = emu_read<uint8_t>(p + "_slots.bin");
         size_t diff = 0; for (size_t i = 0; i < nbytes; ++i) diff += slots[i] != cache[i];
         printf("  store: %zu of %zu bytes differ%s\n", diff, nbytes, diff ? "  <-- FAIL" : ""); if (diff) failures++;
-        auto lens = rd<uint32_t>(p + "_lens.bin");
+        auto lens = emu_read<uint32_t>(p + "_lens.bin");
         {
             int cnt = lens[1]; std::vector<uint16_t> out(2 * size_t(cnt) * kh * d);
             UqReadParams rp{cache.data(), out.data(), 1, 0, cnt, kh, cap, d};
             auto fn = d == 64 ? cfp4_uq_read_d64 : d == 128 ? cfp4_uq_read_d128 : cfp4_uq_read_d256;
             unsigned warps = cnt * kh; emu_launch(fn, dim3{(warps + 1) / 2, 1, 1}, 64, 0, rp);
-            auto rk = rd<uint16_t>(p + "_rk.bin"), rv = rd<uint16_t>(p + "_rv.bin");
+            auto rk = emu_read<uint16_t>(p + "_rk.bin"), rv = emu_read<uint16_t>(p + "_rv.bin");
             size_t dk = 0, dv = 0; for (size_t i = 0; i < rk.size(); ++i) { dk += out[i] != rk[i]; dv += out[rk.size() + i] != rv[i]; }
             printf("  read: K %zu, V %zu of %zu differ%s\n", dk, dv, rk.size(), dk + dv ? "  <-- FAIL" : ""); if (dk + dv) failures++;
         }
-        auto q = rd<uint16_t>(p + "_q.bin"); int qh = kh * g;
-        auto kvb = rd<uint16_t>(p + "_kvbf16.bin");
+        auto q = emu_read<uint16_t>(p + "_q.bin"); int qh = kh * g;
+        auto kvb = emu_read<uint16_t>(p + "_kvbf16.bin");
         for (int fp4 = 1; fp4 >= 0; --fp4) {
-            auto want = rd<uint16_t>(p + (fp4 ? "_ouq.bin" : "_obf.bin"));
+            auto want = emu_read<uint16_t>(p + (fp4 ? "_ouq.bin" : "_obf.bin"));
             int nt = (g <= 4 || d == 256) ? 1 : 2; int chunks = (g + 4 * nt - 1) / (4 * nt);
             const AttnKernel ak = attn_kernel(fp4, d, nt);
             // splits merged by the combine kernel (counters null) or by the attention

@@ -11,15 +11,6 @@
 #include "emu.h"
 #include "rmsnorm_emu.cu"
 
-static std::vector<uint8_t> rd(const std::string& p) {
-    std::ifstream f(p, std::ios::binary);
-    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), {});
-}
-static void wr(const std::string& p, const void* d, size_t n) {
-    std::ofstream f(p, std::ios::binary);
-    f.write(static_cast<const char*>(d), std::streamsize(n));
-}
-
 int main() {
     std::ifstream cf("cases.txt");
     std::string dir;
@@ -32,8 +23,8 @@ int main() {
         int vec, has_delta;
         pf >> rows >> n >> eps >> vec >> has_delta >> extra;
         if (!pf) { std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str()); return 2; }
-        std::vector<uint8_t> x = rd(dir + "/x.bin"), w = rd(dir + "/w.bin"), d;
-        if (has_delta) d = rd(dir + "/delta.bin");
+        std::vector<uint8_t> x = emu_read(dir + "/x.bin"), w = emu_read(dir + "/w.bin"), d;
+        if (has_delta) d = emu_read(dir + "/delta.bin");
         std::vector<uint16_t> sum(size_t(rows * n), 0x7fa5), out(size_t(rows * n), 0x7fa5);
         AddRmsNormParams p{};
         p.x = x.data();
@@ -44,8 +35,8 @@ int main() {
         p.rows = int(rows); p.n = int(n); p.eps = eps; p.vec = vec;
         dim3 g; g.x = unsigned(rows + extra);
         emu_launch(cfp4_add_rmsnorm, g, NORM_THREADS, 0, p);
-        wr(dir + "/sum.bin", sum.data(), sum.size() * 2);
-        wr(dir + "/out.bin", out.data(), out.size() * 2);
+        emu_write(dir + "/sum.bin", sum.data(), sum.size() * 2);
+        emu_write(dir + "/out.bin", out.data(), out.size() * 2);
         ++ran;
     }
     std::printf("ran %d cases\n", ran);
