@@ -123,6 +123,14 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
         check(&what, &y, &pre, &absd, hidden, silu, false)?;
         let (_, again) = cons.forward_add_norm_stream(&r, &norm_gpu, silu)?;
         assert_eq!(bits(&again)?, bits(&y)?, "{what}: a second call differs");
+        // A stream with both a delta and sums is a caller's error, not a silent choice.
+        let both = ResidualStream {
+            delta: Some(resid.clone()),
+            ..r.clone()
+        };
+        assert!(cons
+            .forward_add_norm_stream(&both, &norm_gpu, silu)
+            .is_err());
         // The same stream as a delta (resid + 0) gives the same s and, through the norm
         // kernel, the same exact h: the output within the same bound.
         let no_delta = Tensor::zeros((m, hidden), DType::BF16, &dev)?;

@@ -97,6 +97,11 @@ impl QuantLinear {
         let Some(sums) = &r.sums else {
             return self.forward_add_norm(&r.x, r.delta.as_ref(), norm, silu_mul);
         };
+        if r.delta.is_some() {
+            candle_core::bail!(
+                "QuantLinear::forward_add_norm_stream: the stream carries both a delta and sums of squares (the sums are of x alone)"
+            );
+        }
         #[cfg(feature = "cuda")]
         if let (Weight::Packed(_), None, [m, k], candle_core::DType::BF16) =
             (&self.weight, &self.bias, r.x.dims(), r.x.dtype())
