@@ -4,10 +4,20 @@
 #   trace ROW TAG     a per-kernel ncu trace of one decode_bench graph step (row ROW;
 #                     the carried binary $TRACE_BIN, default decode_bench);
 #   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds;
-#   ab_binaries       ab_rows of the carried decode_bench against decode_bench_new, logs packed.
+#   ab_binaries       ab_rows of the carried decode_bench against decode_bench_new, logs packed;
+#   card_steps STEP...  the steps plus $ON_H200's on an H200.
 for f in .carry/*.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -dk "$f" && chmod +x "${f%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+# card_steps STEP...: the steps named, plus $ON_H200's when the card is an H200 (the
+# issues' measured target); says which card and steps on stderr.
+card_steps() {
+    local gpu s="$*"
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    case "$gpu" in *H200*) s="$s ${ON_H200:-}" ;; esac
+    echo "== $gpu: steps $s" >&2
+    echo "$s"
+}
 t() {
     [ -x ".carry/$1" ] || { echo "== $1: not carried"; return; }
     echo "== $1"

@@ -14,10 +14,7 @@
 set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-steps="$*"
-case "$gpu" in *H200*) steps="$steps ${ON_H200:-}" ;; esac
-echo "== $gpu: steps $steps"
+steps=$(card_steps "$@")
 # ab_packed PREFIX VARIANT...: $AB_ROWS (default: 8B b1, 70B b1, 8B b8, SmolLM2 b1) under
 # each variant, $AB_ROUNDS rounds (default 2), the logs packed into $OUT/PREFIX-logs.tar.xz.
 ab_packed() {

@@ -12,10 +12,7 @@
 set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-steps="$*"
-case "$gpu" in *H200*) steps="$steps ${ON_H200:-}" ;; esac
-echo "== $gpu: steps $steps"
+steps=$(card_steps "$@")
 for step in $steps; do case "$step" in
 check)
     for b in ${CHECK:-gpu_residual_sums gpu_norm_gemv gpu_gemv_packed gpu_decode_graph}; do t $b 240; done
@@ -32,7 +29,7 @@ parts)
     echo "rc $?"; tail -20 "$OUT/parts-sums.log"
     ;;
 *)
-    bash scripts/s23-device.sh "$step"
+    ON_H200= bash scripts/s23-device.sh "$step"
     ;;
 esac; done
 echo "== done $(date +%T)"
