@@ -16,7 +16,9 @@
 // adds the slices in order (deterministic) and writes the output.
 //
 // Weight and scale loads of the first stages are issued before griddepcontrol.wait
-// (programmatic dependent launch, sm_90+); x, partial and counters only after it.
+// (programmatic dependent launch, sm_90+); x, partial and counters only after it. The
+// dependents are released right after the wait, so the next kernel's CTAs do not take
+// SM slots while this one still waits on its own predecessor.
 //
 // Norm variants (NORM): the RMSNorm in front of the layer runs in every CTA's prologue,
 // so the decode step needs no norm kernel. x is then the residual stream [M, K]; each CTA
@@ -476,7 +478,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     };
 
-    griddep_launch_dependents();
     Stage<NT, SILU, PAIR> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -486,6 +487,9 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
     }
     griddep_wait();  // x is written by the previous kernel
+    // The trigger after the wait, not at the start: measured on the H100 (twenty-fifth
+    // session, docs/logs/s25/), 5 to 13 µs less per decode step on every row.
+    griddep_launch_dependents();
     ResidRows<NT, PAIR> rrows;
     if constexpr (!SILU) {
         if (p.resid != nullptr) rrows.load(p, rsd, group);
