@@ -329,7 +329,7 @@ template <int NT>
 __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bfloat16* __restrict__ xs, uint4 nw0) {
     constexpr int ROWS = 8 * NT, RB = 2;
     __shared__ float part[MAX_WARPS][ROWS];
-    __shared__ float mrow[ROWS];
+    __shared__ float mrow[ROWS], rrow[ROWS];  // m and norm_rcp(m) per token
     const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5;
     const int nv = p.k / 8, ld = p.k + 8;
     const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x);
@@ -348,7 +348,16 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             ssv[i] = q < p.ss_parts ? p.ss_in[size_t(warp) * p.ss_parts + q] : 0.f;
         }
     }
-    for (int r0 = 0; r0 < p.m; r0 += RB) {
+    if (given) {
+        // The rows as they are (no add, no reduction): every 16-byte copy in flight at once,
+        // one L2 round trip (the barrier after the parts' sum below orders them).
+        for (int i = tid; i < p.m * nv; i += nth) {
+            const int r = i / nv, v = i - r * nv;
+            cfp4::cp_async_16(xs + r * ld + 8 * v, x + size_t(r) * p.x_stride + 8 * v);
+        }
+        cfp4::cp_async_wait_all();
+    }
+    for (int r0 = 0; r0 < (given ? 0 : p.m); r0 += RB) {
         float acc[RB] = {0.f, 0.f};
         for (int v = tid; v < nv; v += nth) {
             uint4 xv[RB], dv[RB];
@@ -394,7 +403,10 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             }
             for (int q = q0 + lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, p.ss_in[size_t(r) * p.ss_parts + q]);
             for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
-            if (lane == 0) mrow[r] = cfp4::norm_m(a, p.k, p.eps);
+            if (lane == 0) {
+                mrow[r] = cfp4::norm_m(a, p.k, p.eps);
+                rrow[r] = cfp4::norm_rcp(mrow[r]);
+            }
         }
         __syncthreads();
     } else {
@@ -403,6 +415,7 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             float tot = 0.f;
             for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
             mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
+            rrow[tid] = cfp4::norm_rcp(mrow[tid]);
         }
         __syncthreads();
     }
@@ -414,9 +427,9 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             uint4* q = reinterpret_cast<uint4*>(xs + r * ld + 8 * v);
             uint4 sv = *q;
             __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(&sv);
-            const float m = mrow[r];
+            const float m = mrow[r], rm = rrow[r];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) s[j] = cfp4::norm_one(s[j], m, ww[j]);
+            for (int j = 0; j < 8; ++j) s[j] = cfp4::norm_one(s[j], m, rm, ww[j]);
             *q = sv;
         }
     }

@@ -104,6 +104,7 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
             }
         }
         const float m = norm_m(block_sum(acc), p.n, p.eps);
+        const float rm = cfp4::norm_rcp(m);
 #pragma unroll
         for (int it = 0; it < NORM_VITERS; ++it) {
             const int v = it * NORM_THREADS + threadIdx.x;
@@ -113,7 +114,7 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
                 uint4 o;
                 __nv_bfloat16* oo = reinterpret_cast<__nv_bfloat16*>(&o);
 #pragma unroll
-                for (int j = 0; j < 8; ++j) oo[j] = norm_one(s[j], m, ww[j]);
+                for (int j = 0; j < 8; ++j) oo[j] = norm_one(s[j], m, rm, ww[j]);
                 reinterpret_cast<uint4*>(out)[v] = o;
             }
         }
@@ -135,8 +136,9 @@ cfp4_add_rmsnorm(const __grid_constant__ AddRmsNormParams p) {
         acc = cfp4::add_square(acc, f);
     }
     const float m = norm_m(block_sum(acc), p.n, p.eps);
+    const float rm = cfp4::norm_rcp(m);
     for (int c = threadIdx.x; c < p.n; c += NORM_THREADS) {
         const __nv_bfloat16 s = d ? s_out[c] : x[c];
-        out[c] = norm_one(s, m, w[c]);
+        out[c] = norm_one(s, m, rm, w[c]);
     }
 }

@@ -127,3 +127,26 @@ fn add_rmsnorm_matches_cpu_under_emulation() {
         }
     }
 }
+
+/// `norm_quot` (the norms' one multiply by `norm_rcp(m)` instead of an IEEE division per
+/// element, `kernels/rmsnorm_math.cuh`) rounds every bf16 `s` over every significand of
+/// `m`, at the exponents where its paths switch, to the same bf16 as `s / m`.
+#[test]
+#[ignore = "a C++ build, about 160 M quotients; run with --ignored"]
+fn norm_quotient_matches_division_on_every_significand() {
+    let Some(cxx) = emu_common::cxx() else { return };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rmsnorm_quot");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in [
+        (
+            "rmsnorm_math.cuh",
+            include_str!("../kernels/rmsnorm_math.cuh"),
+        ),
+        ("harness.cpp", include_str!("rmsnorm_emu/quot/harness.cpp")),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let stdout = emu_common::build_and_run(&cxx, &dir, &[]);
+    assert!(stdout.contains("checked 159711232, differ 0"), "{stdout}");
+}
