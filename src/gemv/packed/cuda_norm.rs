@@ -6,8 +6,8 @@ use super::cuda::{finish_plan, occupancies, PackedPlan};
 use super::cuda_weight::PackedWeightRef;
 use super::cuda_weight::WeightPtrs;
 use super::geometry::{
-    packed_geometry, sums_max_m, use_norm_prologue, use_sums_prologue, NORM_K_MAX, NORM_MAX_M,
-    SUMS_SMEM_MAX,
+    packed_geometry, sums_grid_fits, sums_max_m, use_norm_prologue, use_sums_prologue, NORM_K_MAX,
+    NORM_MAX_M, SUMS_SMEM_MAX,
 };
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
@@ -86,6 +86,15 @@ pub(crate) fn plan_norm(
     let smem = max_m * (l.k + 8) * 2;
     let occ = occupancies(&f, &name, smem)?;
     let (warps, split) = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
+    if sums
+        && !sums_grid_fits(
+            l.groups(silu_mul) * split,
+            fa.sms,
+            occ.get(warps).copied().unwrap_or(0),
+        )
+    {
+        return Ok(None);
+    }
     let pdl = pdl && image.has_sm90_features();
     let base = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
     Ok(Some(NormGemvPlan {

@@ -193,6 +193,14 @@ pub fn use_sums_prologue(m: usize, k: usize) -> bool {
             .is_some_and(|b| b <= SUMS_SMEM_MAX)
 }
 
+/// Whether the sums prologue's grid of `ctas` fits in one wave at `per_sm` CTAs per SM on
+/// `sms` SMs. Its rows of x in shared memory cost occupancy, and a second wave of CTAs
+/// costs more than the norm kernel the prologue replaces (the 70B gate|up: 1792 CTAs, 9
+/// per SM with one 8192-wide row), so the planner keeps the norm kernel there. Pure.
+pub fn sums_grid_fits(ctas: usize, sms: usize, per_sm: usize) -> bool {
+    ctas <= sms.saturating_mul(per_sm)
+}
+
 /// The most tokens [`use_sums_prologue`] serves at in-features `k` (0: none).
 pub fn sums_max_m(k: usize) -> usize {
     (1..=NORM_MAX_M)
@@ -271,6 +279,15 @@ mod tests {
         assert!(!use_norm_prologue(0, 576));
         assert!(!use_norm_prologue(1, 4096)); // 8B: slower than the norm kernel (measured)
         assert!(use_norm_prologue(1, NORM_K_MAX) && !use_norm_prologue(1, NORM_K_MAX + 64));
+    }
+
+    #[test]
+    fn sums_grid_needs_one_wave() {
+        assert!(sums_grid_fits(896, 132, 9)); // 8B gate|up at 9 CTAs per SM
+        assert!(!sums_grid_fits(1792, 132, 9)); // 70B gate|up
+        assert!(sums_grid_fits(1188, 132, 9) && !sums_grid_fits(1189, 132, 9));
+        assert!(!sums_grid_fits(1, 132, 0));
+        assert!(sums_grid_fits(usize::MAX, usize::MAX, 2));
     }
 
     #[test]

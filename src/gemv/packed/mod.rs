@@ -32,9 +32,9 @@ mod residual;
 
 pub use geometry::{
     depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
-    prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem, sums_max_m,
-    use_norm_prologue, use_sums_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, STAGED_MAX_M,
-    SUMS_SMEM_MAX,
+    prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem, sums_grid_fits,
+    sums_max_m, use_norm_prologue, use_sums_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+    STAGED_MAX_M, SUMS_SMEM_MAX,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
