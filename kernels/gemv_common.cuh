@@ -1,6 +1,6 @@
 // gemv_common.cuh: device helpers shared by the GEMV kernels (gemv.cu, gemv_packed.cu):
 // programmatic dependent launch (pdl.cuh), streaming loads that skip L1, the bf16 tensor-core MMA,
-// shared-memory loads and cp.async.
+// shared-memory loads, cp.async and the bf16x2 pack.
 #pragma once
 #include <stdint.h>
 
@@ -55,6 +55,13 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 
 // Waits for every cp.async of this thread.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// bf16x2 {lo, hi} of two f32, each rounded to nearest (cvt.rn.bf16x2.f32, sm_80+).
+__device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
 #endif  // CFP4_HOST_EMU
 
 }  // namespace cfp4

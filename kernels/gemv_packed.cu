@@ -320,6 +320,20 @@ struct ResidRows {
     }
 };
 
+// cfp4::norm_one on the two bf16 of s2 with the two of w2 (low halves first), the same
+// bits: the quotients s * rm (norm_quot's fast path, both checked at once) packed by one
+// cvt, the weight by one bf16x2 multiply (a product of two bf16 is exact in f32, so its one
+// rounding is norm_one's).
+__device__ __forceinline__ uint32_t norm_two(uint32_t s2, float m, float rm, uint32_t w2) {
+    const float s0 = __uint_as_float(s2 << 16), s1 = __uint_as_float(s2 & 0xffff0000u);
+    float q0 = __fmul_rn(s0, rm), q1 = __fmul_rn(s1, rm);
+    if (!(cfp4::norm_quot_fast(q0) && cfp4::norm_quot_fast(q1))) {
+        q0 = cfp4::norm_quot(s0, m, rm);
+        q1 = cfp4::norm_quot(s1, m, rm);
+    }
+    return bf16x2_mul(cfp4::pack_bf16x2_rn(q0, q1), w2);
+}
+
 // Norm variants: the normalized token rows into xs ([m][k + 8] bf16), CTA 0 writing the
 // sums x + delta; ends with a barrier. Called after griddep_wait by every thread; nw0 is
 // this thread's first 8 norm weights, loaded before the wait (no kernel writes them). Rows go
@@ -422,15 +436,16 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
     const __nv_bfloat16* __restrict__ nw = static_cast<const __nv_bfloat16*>(p.norm_w);
     for (int v = tid; v < nv; v += nth) {
         const uint4 wv = v == tid ? nw0 : __ldg(reinterpret_cast<const uint4*>(nw) + v);
-        const __nv_bfloat16* ww = reinterpret_cast<const __nv_bfloat16*>(&wv);
+        const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
         for (int r = 0; r < p.m; ++r) {
             uint4* q = reinterpret_cast<uint4*>(xs + r * ld + 8 * v);
-            uint4 sv = *q;
-            __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(&sv);
+            const uint4 sv = *q;
+            const uint32_t ss[4] = {sv.x, sv.y, sv.z, sv.w};
             const float m = mrow[r], rm = rrow[r];
+            uint32_t o[4];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) s[j] = cfp4::norm_one(s[j], m, rm, ww[j]);
-            *q = sv;
+            for (int j = 0; j < 4; ++j) o[j] = norm_two(ss[j], m, rm, ww[j]);
+            *q = make_uint4(o[0], o[1], o[2], o[3]);
         }
     }
     __syncthreads();

@@ -25,10 +25,12 @@ __device__ __forceinline__ float norm_rcp(float m) { return m >= 0x1p-126f ? __f
 // product is a normal f32; below 2^-120 (among subnormals a midpoint can be exact) and for
 // NaN (m zero, subnormal, infinite or NaN included) it divides. One multiply instead of an IEEE
 // division per element: tests/rmsnorm_emu.rs checks it against the division for every bf16
-// s over every significand of m at the exponents where the paths switch.
+// s over every significand of m at the exponents where the paths switch. norm_quot_fast:
+// whether s · rm is the answer.
+__device__ __forceinline__ bool norm_quot_fast(float q) { return fabsf(q) >= 0x1p-120f; }
 __device__ __forceinline__ float norm_quot(float s, float m, float rm) {
     const float q = __fmul_rn(s, rm);
-    return fabsf(q) >= 0x1p-120f ? q : __fdiv_rn(s, m);
+    return norm_quot_fast(q) ? q : __fdiv_rn(s, m);
 }
 
 // bf16(bf16(s / m) * w), rm = norm_rcp(m).
