@@ -548,9 +548,6 @@ fn registry() -> String {
 #[ignore = "a C++ build of every packed GEMV variant, about a minute; run with --ignored"]
 fn packed_gemv_kernels_match_cpu_under_emulation() {
     let Some(cxx) = emu_common::cxx() else { return };
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gemv_packed_emu");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     let files: [(&str, &str); 11] = [
         ("gemv_packed_emu.cu", &emulated_source()),
         ("gemv_packed_instances.inc", &pgemv_instances()),
@@ -579,9 +576,7 @@ fn packed_gemv_kernels_match_cpu_under_emulation() {
         ("emu_gemv.h", include_str!("gemv_packed_emu/emu_gemv.h")),
         ("harness.cpp", include_str!("gemv_packed_emu/harness.cpp")),
     ];
-    for (name, text) in files {
-        std::fs::write(dir.join(name), text).unwrap();
-    }
+    let dir = emu_common::work_dir("gemv_packed_emu", &files);
     let mut rng = StdRng::seed_from_u64(0x9e37_79b9);
     let cases = cases();
     let mut made = Vec::new();

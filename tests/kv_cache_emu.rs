@@ -158,9 +158,7 @@ fn emulated_source() -> String {
 #[ignore = "about three minutes; run with --ignored"]
 fn kernels_match_cpu_under_emulation() {
     let Some(cxx) = emu_common::cxx() else { return };
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kv_cache_emu");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("ultraquant_emu.cu"), emulated_source()).unwrap();
+    let dir = emu_common::work_dir("kv_cache_emu", &[("ultraquant_emu.cu", &emulated_source())]);
     // The kernels' instantiations, generated from src/variants.rs as build.rs does.
     for stem in ["ultraquant", "kv_attention"] {
         let (name, text) = variants::instances(stem).unwrap();

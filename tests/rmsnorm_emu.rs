@@ -50,12 +50,8 @@ fn read_bf16(p: &Path) -> Vec<bf16> {
 #[ignore = "a C++ build of the norm kernel under emulation; run with --ignored"]
 fn add_rmsnorm_matches_cpu_under_emulation() {
     let Some(cxx) = emu_common::cxx() else { return };
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rmsnorm_emu");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = include_str!("../kernels/rmsnorm.cu");
     let files: [(&str, &str); 6] = [
-        ("rmsnorm_emu.cu", src),
+        ("rmsnorm_emu.cu", include_str!("../kernels/rmsnorm.cu")),
         ("rmsnorm.cuh", include_str!("../kernels/rmsnorm.cuh")),
         (
             "l2_prefetch.cuh",
@@ -68,9 +64,7 @@ fn add_rmsnorm_matches_cpu_under_emulation() {
         ),
         ("harness.cpp", include_str!("rmsnorm_emu/harness.cpp")),
     ];
-    for (name, text) in files {
-        std::fs::write(dir.join(name), text).unwrap();
-    }
+    let dir = emu_common::work_dir("rmsnorm_emu", &files);
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let mut index = String::new();
     let mut want = Vec::new();
@@ -135,18 +129,16 @@ fn add_rmsnorm_matches_cpu_under_emulation() {
 #[ignore = "a C++ build, about 160 M quotients; run with --ignored"]
 fn norm_quotient_matches_division_on_every_significand() {
     let Some(cxx) = emu_common::cxx() else { return };
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rmsnorm_quot");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for (name, text) in [
-        (
-            "rmsnorm_math.cuh",
-            include_str!("../kernels/rmsnorm_math.cuh"),
-        ),
-        ("harness.cpp", include_str!("rmsnorm_emu/quot/harness.cpp")),
-    ] {
-        std::fs::write(dir.join(name), text).unwrap();
-    }
+    let dir = emu_common::work_dir(
+        "rmsnorm_quot",
+        &[
+            (
+                "rmsnorm_math.cuh",
+                include_str!("../kernels/rmsnorm_math.cuh"),
+            ),
+            ("harness.cpp", include_str!("rmsnorm_emu/quot/harness.cpp")),
+        ],
+    );
     let stdout = emu_common::build_and_run(&cxx, &dir, &[]);
     assert!(stdout.contains("checked 159711232, differ 0"), "{stdout}");
 }

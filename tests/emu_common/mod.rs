@@ -3,7 +3,7 @@
 //! folder; this writes `emu.h` (and the fake `cuda_bf16.h`), compiles `harness.cpp` there
 //! with the C++ compiler (`$CXX`, else `c++`) and runs it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The C++ compiler, or `None` (the caller skips) when there is none.
@@ -16,6 +16,18 @@ pub fn cxx() -> Option<String> {
             None
         }
     }
+}
+
+/// A fresh folder `name` under the test target's temporary directory holding `files`
+/// (name, text): the sources and harness a test then builds with [`build_and_run`].
+pub fn work_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
 }
 
 /// Compiles `dir/harness.cpp` with `emu.h` and then each of `includes` forced in, runs it
