@@ -22,19 +22,14 @@ static const std::map<std::string, void (*)(PackedGemvParams)> kKernels = {
 };
 
 int main() {
-    std::ifstream cf("cases.txt");
-    std::string dir;
-    int ran = 0;
-    while (std::getline(cf, dir)) {
-        if (dir.empty()) continue;
-        std::ifstream pf(dir + "/params.txt");
+    return emu_cases([](const std::string& dir, std::ifstream& pf) {
         std::string name;
         long grid, block, smem, out_elems, ss_elems, partial_floats, m, n, k, x_stride, half_pad, groups, split, npairs, ss_parts;
         float out_scale, eps;
         int has_resid, has_ss_in, has_delta, has_norm;
         pf >> name >> grid >> block >> smem >> out_elems >> ss_elems >> partial_floats >> m >> n >> k >> x_stride >> half_pad >>
             groups >> split >> npairs >> ss_parts >> out_scale >> eps >> has_resid >> has_ss_in >> has_delta >> has_norm;
-        if (!pf) { std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str()); return 2; }
+        if (const int rc = emu_bad_params(pf, dir)) return rc;
         auto it = kKernels.find(name);
         if (it == kKernels.end()) { std::fprintf(stderr, "%s: no kernel %s\n", dir.c_str(), name.c_str()); return 2; }
         std::vector<uint8_t> w = emu_read(dir + "/w.bin"), s = emu_read(dir + "/scales.bin"), x = emu_read(dir + "/x.bin");
@@ -73,8 +68,6 @@ int main() {
             if (counters[size_t(i)] != 0) { std::fprintf(stderr, "%s: counter %ld left at %u\n", dir.c_str(), i, counters[size_t(i)]); return 3; }
         emu_write(dir + "/out.bin", out.data(), out.size() * 2);
         if (ss_elems > 0) emu_write(dir + "/ss.bin", ss.data(), ss.size() * 4);
-        ++ran;
-    }
-    std::printf("ran %d cases\n", ran);
-    return 0;
+        return 0;
+    });
 }

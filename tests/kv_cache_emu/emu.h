@@ -171,6 +171,30 @@ inline void emu_write(const std::string& path, const void* data, size_t bytes) {
     f.write(static_cast<const char*>(data), std::streamsize(bytes));
 }
 
+// The case loop of the directory-per-case harnesses (packed GEMV, norm): run(dir, params)
+// for each case directory listed in cases.txt, params its params.txt opened; a nonzero
+// return ends the loop with that exit code. Prints "ran N cases" (what the Rust tests look
+// for) after the last.
+template <class F> int emu_cases(F run) {
+    std::ifstream cf("cases.txt");
+    std::string dir;
+    int ran = 0;
+    while (std::getline(cf, dir)) {
+        if (dir.empty()) continue;
+        std::ifstream pf(dir + "/params.txt");
+        if (const int rc = run(dir, pf)) return rc;
+        ++ran;
+    }
+    std::printf("ran %d cases\n", ran);
+    return 0;
+}
+// 2 with a message when a case's params.txt did not parse, else 0.
+inline int emu_bad_params(const std::istream& pf, const std::string& dir) {
+    if (pf) return 0;
+    std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str());
+    return 2;
+}
+
 // ---- launch
 template <class P>
 void emu_launch(void (*k)(P), dim3 grid, unsigned block, size_t smem, const P& p) {

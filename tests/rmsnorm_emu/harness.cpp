@@ -12,17 +12,12 @@
 #include "rmsnorm_emu.cu"
 
 int main() {
-    std::ifstream cf("cases.txt");
-    std::string dir;
-    int ran = 0;
-    while (std::getline(cf, dir)) {
-        if (dir.empty()) continue;
-        std::ifstream pf(dir + "/params.txt");
+    return emu_cases([](const std::string& dir, std::ifstream& pf) {
         long rows, n, extra;
         float eps;
         int vec, has_delta;
         pf >> rows >> n >> eps >> vec >> has_delta >> extra;
-        if (!pf) { std::fprintf(stderr, "%s: bad params.txt\n", dir.c_str()); return 2; }
+        if (const int rc = emu_bad_params(pf, dir)) return rc;
         std::vector<uint8_t> x = emu_read(dir + "/x.bin"), w = emu_read(dir + "/w.bin"), d;
         if (has_delta) d = emu_read(dir + "/delta.bin");
         std::vector<uint16_t> sum(size_t(rows * n), 0x7fa5), out(size_t(rows * n), 0x7fa5);
@@ -37,8 +32,6 @@ int main() {
         emu_launch(cfp4_add_rmsnorm, g, NORM_THREADS, 0, p);
         emu_write(dir + "/sum.bin", sum.data(), sum.size() * 2);
         emu_write(dir + "/out.bin", out.data(), out.size() * 2);
-        ++ran;
-    }
-    std::printf("ran %d cases\n", ran);
-    return 0;
+        return 0;
+    });
 }
