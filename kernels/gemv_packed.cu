@@ -293,6 +293,9 @@ struct ResidRows {
     static constexpr int SLOTS = NT == 1 ? (8 * 16 * TILES + 63) / 64 : 1;
     __nv_bfloat16 v[SLOTS];
 
+    // Where element i (resid_index's numbering) sits in rsd.
+    static __device__ __forceinline__ int at_rsd(int i) { return (i / (16 * TILES)) * RSD_COLS + i % (16 * TILES); }
+
     __device__ __forceinline__ void load(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) {
         const __nv_bfloat16* __restrict__ resid = static_cast<const __nv_bfloat16*>(p.resid);
         if constexpr (NT == 1) {
@@ -304,7 +307,7 @@ struct ResidRows {
         } else {
             for (int i = threadIdx.x; i < 8 * NT * 16 * TILES; i += blockDim.x) {
                 const long at = resid_index<NT, PAIR>(p, group, i);
-                if (at >= 0) rsd[(i / (16 * TILES)) * RSD_COLS + i % (16 * TILES)] = resid[at];
+                if (at >= 0) rsd[at_rsd(i)] = resid[at];
             }
         }
     }
@@ -314,7 +317,7 @@ struct ResidRows {
 #pragma unroll
             for (int s = 0; s < SLOTS; ++s) {
                 const int i = int(threadIdx.x + s * blockDim.x);
-                if (resid_index<NT, PAIR>(p, group, i) >= 0) rsd[(i / (16 * TILES)) * RSD_COLS + i % (16 * TILES)] = v[s];
+                if (resid_index<NT, PAIR>(p, group, i) >= 0) rsd[at_rsd(i)] = v[s];
             }
         }
     }
@@ -371,7 +374,10 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
         }
         cfp4::cp_async_wait_all();
     }
-    for (int r0 = 0; r0 < (given ? 0 : p.m); r0 += RB) {
+    // Otherwise each thread adds delta, keeps its share of the sums of squares and stores
+    // the rows, two at a time.
+    const int reduced_rows = given ? 0 : p.m;
+    for (int r0 = 0; r0 < reduced_rows; r0 += RB) {
         float acc[RB] = {0.f, 0.f};
         for (int v = tid; v < nv; v += nth) {
             uint4 xv[RB], dv[RB];
@@ -391,10 +397,8 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
                         for (int j = 0; j < 8; ++j) s[j] = __hadd_rn(s[j], dd[j]);
                         if (write_sum) *reinterpret_cast<uint4*>(sum + size_t(r0 + i) * p.k + 8 * v) = xv[i];
                     }
-                    if (!given) {
 #pragma unroll
-                        for (int j = 0; j < 8; ++j) acc[i] = cfp4::add_square(acc[i], __bfloat162float(s[j]));
-                    }
+                    for (int j = 0; j < 8; ++j) acc[i] = cfp4::add_square(acc[i], __bfloat162float(s[j]));
                     *reinterpret_cast<uint4*>(xs + (r0 + i) * ld + 8 * v) = xv[i];
                 }
         }

@@ -85,14 +85,9 @@ pub(crate) fn plan_norm(
     let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
     let smem = max_m * (l.k + 8) * 2;
     let occ = occupancies(&f, &name, smem)?;
-    let (warps, split) = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
-    if sums
-        && !sums_grid_fits(
-            l.groups(silu_mul) * split,
-            fa.sms,
-            occ.get(warps).copied().unwrap_or(0),
-        )
-    {
+    let groups = l.groups(silu_mul);
+    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
+    if sums && !sums_grid_fits(groups * split, fa.sms, occ.get(warps).copied().unwrap_or(0)) {
         return Ok(None);
     }
     let pdl = pdl && image.has_sm90_features();
