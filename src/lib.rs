@@ -30,6 +30,7 @@ pub mod kv_cache;
 mod layout;
 pub mod norm;
 pub mod nvfp4;
+pub mod prefetch;
 pub mod quant_config;
 pub mod quant_linear;
 pub mod rope;

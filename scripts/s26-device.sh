@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Twenty-sixth session's device runs: $@ = steps; run through scripts/s26-call.sh (STEPS=...).
+# abnext: decode_bench with the attention's L2 prefetch of o_proj off (CFP4_DECODE_ATTN=next=0)
+#   and on (the default), $AB_ROWS, $AB_ROUNDS alternating rounds; logs packed.
+# Any other step is scripts/s25-device.sh's (check, bench, abpf, trsums, ...).
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh
+steps=$(card_steps "$@")
+for step in $steps; do case "$step" in
+abnext)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abnext "decode_bench CFP4_DECODE_ATTN=next=0" decode_bench
+    tar -C "$OUT" -cJf "$OUT/abnext-logs.tar.xz" $(cd "$OUT" && ls abnext-*.log) && rm -f "$OUT"/abnext-*.log
+    ;;
+*)
+    ON_H200= bash scripts/s25-device.sh "$step"
+    ;;
+esac; done
+echo "== done $(date +%T)"
