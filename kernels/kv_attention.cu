@@ -499,24 +499,11 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
 }
 
 
-// A CTA of the prefetch slice (KvAttnParams::prefetch_ctas): waits for q|k|v (so its
-// requests do not compete with that GEMV's loads), lets the combine launch, asks L2 for its
-// share of the next GEMV's weights and exits.
-__device__ __forceinline__ void prefetch_only(const KvAttnParams& p) {
-    griddep_wait();
-    griddep_launch_dependents();
-    cfp4::l2_prefetch(p.prefetch, blockIdx.x + gridDim.x * blockIdx.y, gridDim.x * gridDim.y);
-}
-
 }  // namespace
 
 #define CFP4_KV_ATTN(FP4, NAME, D, NT)                                                                  \
     extern "C" __global__ void __launch_bounds__(Cfg<FP4, D, NT>::THREADS, Cfg<FP4, D, NT>::MINB)           \
         NAME(const __grid_constant__ KvAttnParams p) {                                                  \
-        if (p.prefetch_ctas && blockIdx.z + 1 == gridDim.z) {                                           \
-            prefetch_only(p);                                                                           \
-            return;                                                                                     \
-        }                                                                                               \
         attn_body<FP4, D, NT>(p);                                                                       \
         if (p.late_wait) griddep_wait();                                                                \
     }

@@ -4,7 +4,6 @@
 // tests pin every offset below. Change both or neither.
 #pragma once
 #include <stdint.h>
-#include "l2_prefetch.cuh"
 
 // Store: rotate K, quantize K and V, write one UltraQuant slot per (sequence, token, head).
 // Sequence s = seq_base + i (i < n_seq) writes its `tokens` new tokens at positions
@@ -81,13 +80,8 @@ struct KvAttnParams {
     const void* cos;         // offset 120: bf16 [max_pos][head_dim / 2]
     const void* sin;         // offset 128: bf16, same shape
     int max_pos;             // offset 136: rows of cos / sin (a position past them reads the last)
-    // 1: the grid has one z slice past the batch whose CTAs only ask L2 for `prefetch` (the
-    // weights of the o_proj GEMV after this attention) once q|k|v has finished, on SMs the
-    // attention leaves idle, while DRAM would otherwise wait for the attention and its
-    // combine. 0: no such slice.
-    int prefetch_ctas;       // offset 140
-    L2Prefetch prefetch;     // offset 144 (64 bytes)
-};                           // size 208
+    int _pad;                // offset 140
+};                           // size 144
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
 // w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).

@@ -2,6 +2,7 @@
 # Twenty-sixth session's device runs: $@ = steps; run through scripts/s26-call.sh (STEPS=...).
 # abnext: decode_bench with the attention's L2 prefetch of o_proj off (CFP4_DECODE_ATTN=next=0)
 #   and on (the default), $AB_ROWS, $AB_ROUNDS alternating rounds; logs packed.
+# abnext2: off / the first build / decode_bench_new (the slice's trigger before its wait).
 # Any other step is scripts/s25-device.sh's (check, bench, abpf, trsums, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,13 @@ abnext)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abnext "decode_bench CFP4_DECODE_ATTN=next=0" decode_bench
     tar -C "$OUT" -cJf "$OUT/abnext-logs.tar.xz" $(cd "$OUT" && ls abnext-*.log) && rm -f "$OUT"/abnext-*.log
+    ;;
+abnext2)
+    # Off, the first build (the slice triggers the combine after its wait) and
+    # decode_bench_new (before it).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abnext2 "decode_bench CFP4_DECODE_ATTN=next=0" decode_bench decode_bench_new
+    tar -C "$OUT" -cJf "$OUT/abnext2-logs.tar.xz" $(cd "$OUT" && ls abnext2-*.log) && rm -f "$OUT"/abnext2-*.log
     ;;
 *)
     ON_H200= bash scripts/s25-device.sh "$step"

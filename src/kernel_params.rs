@@ -93,9 +93,7 @@ pub(crate) struct KvAttnParams {
     pub cos: u64,
     pub sin: u64,
     pub max_pos: i32,
-    /// 1: the grid's last z slice only asks L2 for `prefetch` (the next GEMV's weights).
-    pub prefetch_ctas: i32,
-    pub prefetch: L2Prefetch,
+    pub pad: i32,
 }
 
 /// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
@@ -455,9 +453,8 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, cos), 120);
         assert_eq!(offset_of!(KvAttnParams, sin), 128);
         assert_eq!(offset_of!(KvAttnParams, max_pos), 136);
-        assert_eq!(offset_of!(KvAttnParams, prefetch_ctas), 140);
-        assert_eq!(offset_of!(KvAttnParams, prefetch), 144);
-        assert_eq!(size_of::<KvAttnParams>(), 208);
+        assert_eq!(offset_of!(KvAttnParams, pad), 140);
+        assert_eq!(size_of::<KvAttnParams>(), 144);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);
         assert_eq!(offset_of!(KvCombineParams, part_ml), 8);

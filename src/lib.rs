@@ -30,7 +30,6 @@ pub mod kv_cache;
 mod layout;
 pub mod norm;
 pub mod nvfp4;
-pub mod prefetch;
 pub mod quant_config;
 pub mod quant_linear;
 pub mod rope;

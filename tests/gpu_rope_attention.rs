@@ -8,11 +8,8 @@
 //! difference is a bug, not rounding.
 #![cfg(feature = "cuda")]
 
-mod gemv_gpu_common;
-
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::kv_cache::{AttnKnobs, Bf16Cache, CacheShape};
-use candle_fp4::quant_linear::QuantLinear;
 use candle_fp4::rope::QkvRope;
 use rand::{Rng, SeedableRng};
 
@@ -30,8 +27,7 @@ fn bits(t: &Tensor) -> candle_core::Result<Vec<u16>> {
 /// positions that differ from the lengths (the rope reads the positions, the append the
 /// lengths), and the launch variants that change who advances the lengths: heuristic and
 /// capacity-planned splits with the combine kernel, one split and the in-kernel merge (the
-/// lengths kernel), PDL off; every other round with the slice of CTAs that prefetches the
-/// next GEMV's weights.
+/// lengths kernel), PDL off.
 #[test]
 fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
     let gpu = Device::new_cuda(0)?;
@@ -55,19 +51,6 @@ fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
         ("no PDL", opt(None, None, Some(false)), true),
     ];
     let (batch, cap, max_pos, rounds) = (3usize, 200usize, 300usize, 20usize);
-    // A Llama-3.1-8B o_proj (4096 x 4096 NVFP4, 9.4 MB packed: all of it is prefetched).
-    gemv_gpu_common::test_tables(&[]);
-    let l = gemv_gpu_common::layer(4096, 4096, &mut rand::rngs::StdRng::seed_from_u64(12))?;
-    let o_proj = QuantLinear::from_nvfp4_parts(
-        l.codes.to_device(&gpu)?,
-        l.scales.to_device(&gpu)?,
-        l.gs,
-        None,
-    )?;
-    let next = o_proj
-        .weight_prefetch(batch)
-        .expect("the packed o_proj plans a prefetch");
-    assert!(next.bytes() > 9_000_000, "{} bytes", next.bytes());
     for (nq, nkv, d) in [
         (9usize, 3usize, 64usize),
         (32, 8, 128),
@@ -100,10 +83,7 @@ fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
                     .map(|&n| ((3 * n + 1) % max_pos) as u32)
                     .collect();
                 let pos = Tensor::new(pos.as_slice(), &gpu)?;
-                // Every other round with the prefetch slice (o_proj's weights asked of L2
-                // by CTAs past the batch): a hint, so the same bits.
-                let next = (round % 2 == 1).then_some(&next);
-                let got = a.decode_rope_attention(&rope, &qkv, &pos, o, *capacity_splits, next)?;
+                let got = a.decode_rope_attention(&rope, &qkv, &pos, o, *capacity_splits)?;
                 let r = rope.forward(&qkv, &pos)?;
                 let k = r.narrow(1, nq, nkv)?.contiguous()?;
                 let v = r.narrow(1, nq + nkv, nkv)?.contiguous()?;
@@ -158,27 +138,27 @@ fn rope_in_attention_refuses_bad_input() -> candle_core::Result<()> {
     let qkv = t(&[batch, (nq + 2 * nkv) * d])?;
     let pos = Tensor::new(&[0u32, 4], &gpu)?;
     assert!(c
-        .decode_rope_attention(&rope, &qkv, &pos, &o, true, None)
+        .decode_rope_attention(&rope, &qkv, &pos, &o, true)
         .is_err());
     assert_eq!(c.lens(), &[0, cap]);
     assert_eq!(c.lens_tensor().to_vec1::<u32>()?, vec![0, cap as u32]);
     c.reset_seq(1)?;
     let narrow = t(&[batch, (nq + nkv) * d])?;
     assert!(c
-        .decode_rope_attention(&rope, &narrow, &pos, &o, true, None)
+        .decode_rope_attention(&rope, &narrow, &pos, &o, true)
         .is_err());
     let other = QkvRope::new(nq, 4, d, &t(&[16, d / 2])?, &t(&[16, d / 2])?)?;
     let wide = t(&[batch, (nq + 8) * d])?;
     assert!(c
-        .decode_rope_attention(&other, &wide, &pos, &o, true, None)
+        .decode_rope_attention(&other, &wide, &pos, &o, true)
         .is_err());
     let short = Tensor::new(&[0u32], &gpu)?;
     assert!(c
-        .decode_rope_attention(&rope, &qkv, &short, &o, true, None)
+        .decode_rope_attention(&rope, &qkv, &short, &o, true)
         .is_err());
     assert_eq!(c.lens(), &[0, 0]);
     // And a good call still works after them.
-    let y = c.decode_rope_attention(&rope, &qkv, &pos, &o, true, None)?;
+    let y = c.decode_rope_attention(&rope, &qkv, &pos, &o, true)?;
     assert_eq!(y.dims(), &[batch, nq, d]);
     assert_eq!(c.lens(), &[1, 1]);
     assert_eq!(c.lens_tensor().to_vec1::<u32>()?, vec![1, 1]);

@@ -175,11 +175,6 @@ fn kernels_match_cpu_under_emulation() {
     )
     .unwrap();
     std::fs::write(
-        dir.join("l2_prefetch.cuh"),
-        include_str!("../kernels/l2_prefetch.cuh"),
-    )
-    .unwrap();
-    std::fs::write(
         dir.join("nvfp4_decode.cuh"),
         include_str!("kv_cache_emu/nvfp4_decode.cuh"),
     )

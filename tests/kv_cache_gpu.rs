@@ -177,7 +177,6 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         fused_merge,
         pdl,
         ring_first: None,
-        next_prefetch: None,
     };
     // The exact window's ring before and after the UltraQuant launch (without a window the
     // option changes nothing).

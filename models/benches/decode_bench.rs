@@ -133,8 +133,7 @@ fn attn_knobs() -> Result<candle_fp4::kv_cache::AttnKnobs> {
         match item.split_once('=') {
             Some(("splits", n)) => k.splits = Some(n.parse().context("CFP4_DECODE_ATTN splits")?),
             Some(("fused", b)) => k.fused_merge = Some(b == "1"),
-            Some(("next", b)) => k.next_prefetch = Some(b == "1"),
-            _ => anyhow::bail!("CFP4_DECODE_ATTN: `{item}` is not splits=N, fused=0|1 or next=0|1"),
+            _ => anyhow::bail!("CFP4_DECODE_ATTN: `{item}` is not splits=N or fused=0|1"),
         }
     }
     Ok(k)

@@ -16,7 +16,6 @@
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 use candle_fp4::kv_cache::{AttnKnobs, CacheShape, KvCache, KvCacheKind};
-use candle_fp4::prefetch::WeightPrefetch;
 use candle_fp4::rope::QkvRope;
 
 /// One layer's cache.
@@ -144,18 +143,16 @@ impl LayerCache {
     /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection in one kernel:
     /// the rope, the append and the attention ([`KvCache::decode_rope_attention`]; its
     /// combine advances the lengths). BF16 cache on CUDA only
-    /// ([`fuses_rope_append`](Self::fuses_rope_append)). `next`: the weights of the GEMV
-    /// after the attention, asked of L2 while the attention runs.
+    /// ([`fuses_rope_append`](Self::fuses_rope_append)).
     pub fn decode_batch_rope(
         &mut self,
         rope: &QkvRope,
         qkv: &Tensor,
         positions: &Tensor,
         for_graph: bool,
-        next: Option<&WeightPrefetch>,
     ) -> Result<Tensor> {
         self.inner
-            .decode_rope_attention(rope, qkv, positions, &self.decode_opts, for_graph, next)
+            .decode_rope_attention(rope, qkv, positions, &self.decode_opts, for_graph)
     }
 
     /// The cache's storage.

@@ -9,7 +9,7 @@ use super::ops::{range, ExactWindow, KvAttention};
 use super::plan::{AttnKernel, AttnPlan};
 use super::shape::{ring_first_default, KvCacheKind};
 use crate::cuda::{launch, Launch};
-use crate::kernel_params::{KvAttnParams, KvCombineParams, KvLensParams, L2Prefetch};
+use crate::kernel_params::{KvAttnParams, KvCombineParams, KvLensParams};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
@@ -268,8 +268,7 @@ pub(crate) fn kv_attention_cuda(
         cos: op.rope.as_ref().map_or(0, |r| r.cos),
         sin: op.rope.as_ref().map_or(0, |r| r.sin),
         max_pos: op.rope.as_ref().map_or(1, |r| r.max_pos) as i32,
-        prefetch_ctas: 0,
-        prefetch: L2Prefetch::default(),
+        pad: 0,
     };
     let grid = |s: usize, y: usize| (s as u32, y as u32, sh.batch as u32);
     // The exact window's ring: before the UltraQuant launch, or after it (late_wait: under
@@ -333,20 +332,7 @@ pub(crate) fn kv_attention_cuda(
             )
         }
         let s = kv.as_cuda_slice::<bf16>()?;
-        let mut l = main.launch(grid(splits, main_y), main_pdl);
-        // The next GEMV's weights: one z slice past the batch whose CTAs only prefetch.
-        let next = op.rope.as_ref().and_then(|r| r.next).filter(|_| plan.sm90);
-        let params = match next {
-            Some(pf) => {
-                l.grid.2 += 1;
-                KvAttnParams {
-                    prefetch_ctas: 1,
-                    prefetch: pf,
-                    ..params
-                }
-            }
-            None => params,
-        };
+        let l = main.launch(grid(splits, main_y), main_pdl);
         unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params)? };
     }
     if !ring_first {

@@ -160,12 +160,8 @@ impl Bf16Cache {
     /// [`decode_attention_capacity_with`](Self::decode_attention_capacity_with) when
     /// `capacity_splits`), bit for bit, in one kernel instead of four (measured on the H200
     /// against the rope with the append inside, the kernel before this one:
-    /// docs/benchmarks.md, fourteenth session). With `next` (the weights of the GEMV after
-    /// the attention, [`QuantLinear::weight_prefetch`](crate::quant_linear::QuantLinear::weight_prefetch))
-    /// on sm_90 and newer, unless `opts.next_prefetch` is `Some(false)`, CTAs beside the
-    /// attention's ask L2 for them once q|k|v is done, while DRAM would otherwise wait for
-    /// the attention and its combine; no value changes. Errors, writing nothing, when a
-    /// sequence is full.
+    /// docs/benchmarks.md, fourteenth session). Errors, writing nothing, when a sequence is
+    /// full.
     pub fn decode_rope_attention(
         &mut self,
         rope: &QkvRope,
@@ -173,7 +169,6 @@ impl Bf16Cache {
         positions: &Tensor,
         opts: &AttnKnobs,
         capacity_splits: bool,
-        next: Option<&crate::prefetch::WeightPrefetch>,
     ) -> Result<Tensor> {
         const WHAT: &str = "Bf16Cache::decode_rope_attention";
         let sh = self.shape;
@@ -193,10 +188,7 @@ impl Bf16Cache {
             )
         }
         check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
-        let mut rope_append = rope_append(WHAT, rope, positions, &self.lens)?;
-        if opts.next_prefetch.unwrap_or(true) {
-            rope_append.next = next.map(|w| w.0);
-        }
+        let rope_append = rope_append(WHAT, rope, positions, &self.lens)?;
         let max_len = if capacity_splits {
             sh.capacity
         } else {
@@ -327,7 +319,6 @@ fn rope_append(
         sin,
         max_pos,
         pdl: !lens.written(),
-        next: None,
     })
 }
 

@@ -144,11 +144,10 @@ impl KvCache {
         positions: &Tensor,
         opts: &AttnKnobs,
         capacity_splits: bool,
-        next: Option<&crate::prefetch::WeightPrefetch>,
     ) -> Result<Tensor> {
         match self {
             Self::Bf16(c) if c.kv.device().is_cuda() => {
-                c.decode_rope_attention(rope, qkv, positions, opts, capacity_splits, next)
+                c.decode_rope_attention(rope, qkv, positions, opts, capacity_splits)
             }
             _ => candle_core::bail!(
                 "KvCache::decode_rope_attention: a BF16 cache on CUDA only (this is {:?} on {:?})",

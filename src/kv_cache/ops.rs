@@ -118,9 +118,6 @@ pub(crate) struct RopeAppend {
     /// Launch with PDL: no host call wrote the cache's lengths or rows since the last
     /// fused step, so the kernel may read them before waiting for the previous kernel.
     pub pdl: bool,
-    /// The next GEMV's weights, asked of L2 by one extra z slice of CTAs once q|k|v is
-    /// done (sm_90+; `None`: no slice).
-    pub next: Option<crate::kernel_params::L2Prefetch>,
 }
 
 /// In-place decode append (`dst.inplace_op3(k, v, op)`): one token per sequence, BF16 `k`,

@@ -123,9 +123,6 @@ pub struct AttnKnobs {
     /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
     /// exiting); `None` = the measured default.
     pub ring_first: Option<bool>,
-    /// The rope + append attention (BF16 cache) asks L2 for the next GEMV's weights when the
-    /// call passes them (`KvCache::decode_rope_attention`'s `next`); `None` = on.
-    pub next_prefetch: Option<bool>,
 }
 
 /// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before

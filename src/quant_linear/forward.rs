@@ -207,15 +207,6 @@ impl QuantLinear {
         None
     }
 
-    /// The first weights of this layer, for the kernel that runs before its GEMV of `m`
-    /// tokens to ask L2 for (the decode attention before o_proj:
-    /// [`KvCache::decode_rope_attention`](crate::kv_cache::KvCache::decode_rope_attention)):
-    /// the same planned ranges as the norm's, `None` where the norm would prefetch nothing.
-    pub fn weight_prefetch(&self, m: usize) -> Option<crate::prefetch::WeightPrefetch> {
-        self.norm_prefetch(m, false)
-            .map(|p| crate::prefetch::WeightPrefetch(*p))
-    }
-
     /// Whether the norm kernel in front of this layer asks L2 for its weights when `m`
     /// tokens run [`forward_add_norm`](Self::forward_add_norm) unfused: for tests.
     #[doc(hidden)]

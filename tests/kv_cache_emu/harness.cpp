@@ -134,10 +134,7 @@ int main(int argc, char** argv) {
                     fp.q = qkv.data(); fp.k = kv2.data(); fp.v = kv2.data() + half; fp.lens = lb.data(); fp.out = out2.data();
                     fp.counters = fused ? ctr2.data() : nullptr; fp.q_row = row;
                     fp.positions = pos.data(); fp.cos = cs.data(); fp.sin = sn.data(); fp.max_pos = 1;
-                    // Every other split count with the prefetch slice (one z slice past the batch
-                    // whose CTAs only prefetch; a no-op here): the same bits must come out.
-                    fp.prefetch_ctas = splits & 1;
-                    emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch + fp.prefetch_ctas)}, unsigned(ak.nw * 32), ak.smem, fp);
+                    emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, fp);
                     const bool combined = splits > 1 && !fused;
                     if (combined) {
                         KvCombineParams cp{po.data(), pm.data(), out2.data(), qh, splits, d, 0, lb.data()};

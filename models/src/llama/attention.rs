@@ -242,9 +242,7 @@ impl Attention {
         if let Some(f) = self.rope.fused() {
             if qkv.dtype() == DType::BF16 && cache.fuses_rope_append() {
                 // One kernel rotates q and k and stores k and v in the cache.
-                // o_proj's weights asked of L2 while the attention runs (planned at load).
-                let next = self.o.weight_prefetch(b);
-                let y = cache.decode_batch_rope(f, qkv, positions, for_graph, next.as_ref())?;
+                let y = cache.decode_batch_rope(f, qkv, positions, for_graph)?;
                 let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
                 return self.o_out(&y);
             }
