@@ -182,46 +182,72 @@ struct StageCopy<false, D, NT> {
 
 // Merge of the `splits` partials of heads qh0 .. qh0 + nh - 1 (global q-head index incl.
 // the batch) into out, by one CTA of THREADS threads: warp j finds head j's max and the
-// weights w_s = 2^(m_s - max) (into w[nh][splits] in shared memory), then every thread sums
-// one (head, d) over the splits with 8 independent L2 loads in flight.
+// weights w_s = 2^(m_s - max) (into w[nh][splits] in shared memory; each lane keeps the
+// (m, l) pairs it read, so one L2 round trip), then every thread owns 4 consecutive d of one
+// head and sums them over the splits, MU splits' float4 loads in flight at once (one round
+// trip for up to MU splits; the merge is the tail of one CTA per head group, so each round
+// trip is on the step's critical path).
 // Shared memory: (nh * splits + nh) floats (the host checks it fits the kernel's SMEM).
 template <int D, int HC, int THREADS>
 __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, int nh, float* w) {
+    static_assert(D % 4 == 0, "float4 rows");
+    constexpr int MU = 12, Q = D / 4;
     const int S = p.part_splits;
     float* lsum = w + nh * S;  // nh <= HC
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int j = warp; j < nh; j += THREADS / 32) {
-        const float* ml = p.part_ml + 2 * (qh0 + j) * S;
+        const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + (qh0 + j) * S;
+        float2 c[2];
         float mm = neg_inf();
-        for (int s = lane; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + 2 * s));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int s = lane + 32 * i;
+            c[i] = s < S ? __ldcg(ml + s) : make_float2(neg_inf(), 0.f);
+            mm = fmaxf(mm, c[i].x);
+        }
+        for (int s = lane + 64; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + s).x);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL, mm, o));
         float ll = 0.f;
-        for (int s = lane; s < S; s += 32) {
-            const float ms = __ldcg(ml + 2 * s);
-            const float f = (ms == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(ms - mm);
+        for (int s = lane, i = 0; s < S; s += 32, ++i) {
+            const float2 v = i < 2 ? c[i] : __ldcg(ml + s);
+            const float f = (v.x == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(v.x - mm);
             w[j * S + s] = f;
-            ll += f * __ldcg(ml + 2 * s + 1);
+            ll += f * v.y;
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(FULL, ll, o);
         if (lane == 0) lsum[j] = ll;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < nh * D; idx += THREADS) {
-        const int j = idx / D, d = idx - j * D;
-        const float* po = p.part_o + (qh0 + j) * S * D + d;
+    const float4* po = reinterpret_cast<const float4*>(p.part_o);
+    for (int it = threadIdx.x; it < nh * Q; it += THREADS) {
+        const int j = it / Q, q = it - j * Q;
+        const float4* src = po + (qh0 + j) * S * Q + q;  // split s at src[s * Q]
         const float* wj = w + j * S;
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        int s = 0;
-        for (; s + 8 <= S; s += 8) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < S; s0 += MU) {
+            float4 v[MU];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) acc[u] += wj[s + u] * __ldcg(po + size_t(s + u) * D);
+            for (int u = 0; u < MU; ++u)
+                v[u] = s0 + u < S ? __ldcg(src + size_t(s0 + u) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int u = 0; u < MU; ++u) {
+                if (s0 + u < S) {
+                    const float f = wj[s0 + u];
+                    a.x += f * v[u].x;
+                    a.y += f * v[u].y;
+                    a.z += f * v[u].z;
+                    a.w += f * v[u].w;
+                }
+            }
         }
-        for (; s < S; ++s) acc[0] += wj[s] * __ldcg(po + size_t(s) * D);
-        const float a = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         const float ll = lsum[j];
-        static_cast<__nv_bfloat16*>(p.out)[(qh0 + j) * D + d] = __float2bfloat16_rn(ll > 0.f ? a / ll : 0.f);
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (qh0 + j) * D + 4 * q;
+        out[0] = __float2bfloat16_rn(ll > 0.f ? a.x / ll : 0.f);
+        out[1] = __float2bfloat16_rn(ll > 0.f ? a.y / ll : 0.f);
+        out[2] = __float2bfloat16_rn(ll > 0.f ? a.z / ll : 0.f);
+        out[3] = __float2bfloat16_rn(ll > 0.f ? a.w / ll : 0.f);
     }
 }
 

@@ -25,9 +25,11 @@ unsafe impl DeviceRepr for KvCombineParams {}
 const MAX_SPLITS: usize = 1024;
 /// Whether the splits are merged in the attention kernel when [`AttnKnobs`] leaves it
 /// open. Measured on the H200 (docs/benchmarks.md): the same GPU time either way for
-/// UltraQuant (16-warp CTAs, one (head, d) per thread in the merge) and one kernel launch and
-/// two allocations less per call; the BF16 kernel's 4-warp CTAs merge 4 values per thread
-/// over twice the splits and are 1–2 µs slower fused, so it keeps the combine kernel.
+/// UltraQuant (16-warp CTAs) and one kernel launch and two allocations less per call; the
+/// BF16 kernel's 4-warp CTAs are slower fused, so it keeps the combine kernel. Still so with
+/// the merge's loads all in flight (twenty-sixth session, H100: 8B b1 +50 to +60 µs per
+/// step against the combine kernel, 70B +0.26 ms), which made the UltraQuant rows 1–2 %
+/// faster.
 ///
 /// [`AttnKnobs`]: super::AttnKnobs
 fn fused_merge_default(fp4: bool) -> bool {

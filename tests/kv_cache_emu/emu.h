@@ -27,6 +27,8 @@ struct dim3 { unsigned x = 1, y = 1, z = 1; };
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 struct float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct alignas(16) uint4 { uint32_t x, y, z, w; };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
@@ -153,6 +155,8 @@ inline float ex2_ftz(float x) {
     return std::fabs(y) < 1.17549435e-38f ? 0.f : y;
 }
 inline float __ldcg(const float* p) { return *p; }
+inline float2 __ldcg(const float2* p) { return *p; }
+inline float4 __ldcg(const float4* p) { return *p; }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <int N> inline void cp_async_wait() {}
