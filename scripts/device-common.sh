@@ -5,7 +5,8 @@
 #                     the carried binary $TRACE_BIN, default decode_bench);
 #   ab_rows PREFIX VARIANT...  decode_bench rows $AB_ROWS under each variant, $AB_ROUNDS rounds;
 #   ab_binaries       ab_rows of the carried decode_bench against decode_bench_new, logs packed;
-#   card_steps STEP...  the steps plus $ON_H200's on an H200.
+#   card_steps STEP...  the steps plus $ON_H200's on an H200;
+#   pack_logs PREFIX  an ab_rows run's logs into one archive.
 for f in .carry/*.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -dk "$f" && chmod +x "${f%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -62,4 +63,9 @@ peers() {
         [ -e "$OUT/w4a16_peers.json" ] && mv "$OUT/w4a16_peers.json" "$OUT/$p-rows.json"
         grep -E "^copy|^(tinygemm_int4_g128|cublas_bf16) .* M= ?(1|8) " "$OUT/$p.log" | cut -c1-90
     done
+}
+# pack_logs PREFIX: the $OUT/PREFIX-*.log files of an ab_rows run into
+# $OUT/PREFIX-logs.tar.xz (the call brings back one file instead of dozens).
+pack_logs() {
+    tar -C "$OUT" -cJf "$OUT/$1-logs.tar.xz" $(cd "$OUT" && ls "$1"-*.log) && rm -f "$OUT/$1"-*.log
 }

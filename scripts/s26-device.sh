@@ -15,14 +15,14 @@ for step in $steps; do case "$step" in
 abnext)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abnext "decode_bench CFP4_DECODE_ATTN=next=0" decode_bench
-    tar -C "$OUT" -cJf "$OUT/abnext-logs.tar.xz" $(cd "$OUT" && ls abnext-*.log) && rm -f "$OUT"/abnext-*.log
+    pack_logs abnext
     ;;
 abnext2)
     # Off, the first build (the slice triggers the combine after its wait) and
     # decode_bench_new (before it).
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abnext2 "decode_bench CFP4_DECODE_ATTN=next=0" decode_bench decode_bench_new
-    tar -C "$OUT" -cJf "$OUT/abnext2-logs.tar.xz" $(cd "$OUT" && ls abnext2-*.log) && rm -f "$OUT"/abnext2-*.log
+    pack_logs abnext2
     ;;
 abmerge)
     # The split merge: decode_bench (main) and decode_bench_new (merge_splits with its loads
@@ -30,20 +30,20 @@ abmerge)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;8b nvfp4 b1 ctx32768 kvuq graph;8b nvfp4 b1 ctx32768 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abmerge decode_bench "decode_bench CFP4_DECODE_ATTN=fused=1" \
         decode_bench_new "decode_bench_new CFP4_DECODE_ATTN=fused=1"
-    tar -C "$OUT" -cJf "$OUT/abmerge-logs.tar.xz" $(cd "$OUT" && ls abmerge-*.log) && rm -f "$OUT"/abmerge-*.log
+    pack_logs abmerge
     ;;
 abmerge2)
     # The UltraQuant rows (in-kernel merge by default) and the 8B BF16-cache row: main against
     # decode_bench_new, defaults only.
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b1 ctx512 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abmerge2 decode_bench decode_bench_new
-    tar -C "$OUT" -cJf "$OUT/abmerge2-logs.tar.xz" $(cd "$OUT" && ls abmerge2-*.log) && rm -f "$OUT"/abmerge2-*.log
+    pack_logs abmerge2
     ;;
 abmerge3)
     # main, decode_bench_new (the merge inlined) and decode_bench_ni (__noinline__).
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b1 ctx32768 kvuq graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abmerge3 decode_bench decode_bench_new decode_bench_ni
-    tar -C "$OUT" -cJf "$OUT/abmerge3-logs.tar.xz" $(cd "$OUT" && ls abmerge3-*.log) && rm -f "$OUT"/abmerge3-*.log
+    pack_logs abmerge3
     ;;
 *)
     ON_H200= bash scripts/s25-device.sh "$step"
