@@ -1,7 +1,7 @@
 // Host stand-ins for what kernels/gemv_packed.cu uses beyond tests/kv_cache_emu/emu.h
 // (included after it, driven by tests/gemv_packed_emu.rs): the vector types, the read-only
 // and L2-only loads and stores as plain memory accesses, the funnel shift, the IEEE
-// intrinsics, and the PTX wrappers of kernels/gemv_common.cuh (CFP4_HOST_EMU drops the
+// intrinsics (float4 and its __ldcg are emu.h's), and the PTX wrappers of kernels/gemv_common.cuh (CFP4_HOST_EMU drops the
 // device ones) by their PTX semantics: the loads read, cp.async copies at once, mma_bf16 is
 // emu.h's (FP32 accumulation in k order, not the tensor cores' order).
 #pragma once
@@ -11,14 +11,11 @@
 #include <cmath>
 
 struct alignas(8) uint2 { uint32_t x, y; };
-struct alignas(16) float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {
     const uint64_t v = (uint64_t(hi) << 32) | lo;
     return uint32_t(v >> (s & 31));
 }
 template <class T> inline T __ldg(const T* p) { return *p; }
-inline float4 __ldcg(const float4* p) { return *p; }
 inline void __stcg(float4* p, float4 v) { *p = v; }
 inline uint32_t __cvta_generic_to_shared(const void* p) { return uint32_t(reinterpret_cast<uintptr_t>(p)); }
 
