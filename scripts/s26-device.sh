@@ -6,6 +6,7 @@
 # abmerge: main / decode_bench_new, each with the BF16 combine kernel and the in-kernel merge.
 # abmerge2: main / decode_bench_new on the UltraQuant rows and the 8B BF16-cache row.
 # abmerge3: main / decode_bench_new / decode_bench_ni (the merge not inlined).
+# abcomb: main / decode_bench_new (the combine kernel's loads in flight).
 # Any other step is scripts/s25-device.sh's (check, bench, abpf, trsums, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,12 @@ abmerge3)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b1 ctx32768 kvuq graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abmerge3 decode_bench decode_bench_new decode_bench_ni
     pack_logs abmerge3
+    ;;
+abcomb)
+    # main against decode_bench_new (the combine kernel with its loads in flight).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abcomb decode_bench decode_bench_new
+    pack_logs abcomb
     ;;
 *)
     ON_H200= bash scripts/s25-device.sh "$step"
