@@ -188,10 +188,15 @@ struct StageCopy<false, D, NT> {
 // trip for up to MU splits; the merge is the tail of one CTA per head group, so each round
 // trip is on the step's critical path).
 // Shared memory: (nh * splits + nh) floats (the host checks it fits the kernel's SMEM).
+// CFP4_MERGE_BATCH = MU; the host emulation (tests/kv_cache_emu) builds with a smaller one so
+// its short sequences' non-empty splits reach a second batch.
+#ifndef CFP4_MERGE_BATCH
+#define CFP4_MERGE_BATCH 12
+#endif
 template <int D, int HC, int THREADS>
 __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, int nh, float* w) {
     static_assert(D % 4 == 0, "float4 rows");
-    constexpr int MU = 12, Q = D / 4;
+    constexpr int MU = CFP4_MERGE_BATCH, Q = D / 4;
     const int S = p.part_splits;
     float* lsum = w + nh * S;  // nh <= HC
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -1,8 +1,8 @@
 // Host stand-ins for what kernels/gemv_packed.cu uses beyond tests/kv_cache_emu/emu.h
 // (included after it, driven by tests/gemv_packed_emu.rs): the vector types, the read-only
-// and L2-only loads and stores as plain memory accesses, the funnel shift, the IEEE
-// intrinsics (float4 and its __ldcg are emu.h's), and the PTX wrappers of kernels/gemv_common.cuh (CFP4_HOST_EMU drops the
-// device ones) by their PTX semantics: the loads read, cp.async copies at once, mma_bf16 is
+// and L2-only loads and stores as plain memory accesses (float4 and its __ldcg are emu.h's),
+// the funnel shift, the IEEE intrinsics, and the PTX wrappers of kernels/gemv_common.cuh
+// (CFP4_HOST_EMU drops the device ones) by their PTX semantics: the loads read, cp.async copies at once, mma_bf16 is
 // emu.h's (FP32 accumulation in k order, not the tensor cores' order).
 #pragma once
 #define CFP4_HOST_EMU 1
