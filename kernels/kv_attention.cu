@@ -552,63 +552,96 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
 #define CFP4_KV_MAX_SPLITS 1024
 
 extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_constant__ KvCombineParams p) {
+    constexpr int MU = 8;  // splits whose float4 partials a thread has in flight at once
     __shared__ float ws[CFP4_KV_MAX_SPLITS];
     __shared__ float lsum;
-    const int qh = blockIdx.x, b = blockIdx.y;
-    const size_t base = (size_t(b) * p.q_heads + qh) * p.splits;
-    const float* ml = p.part_ml + 2 * base;
-    if (p.splits > CFP4_KV_MAX_SPLITS) __trap();
+    __shared__ float4 part[128];
+    const int qh = blockIdx.x, b = blockIdx.y, S = p.splits;
+    const size_t base = (size_t(b) * p.q_heads + qh) * S;
+    const int Q = p.head_dim / 4;
+    if (S > CFP4_KV_MAX_SPLITS || p.head_dim % 4 != 0 || Q > int(blockDim.x) || blockDim.x > 128) __trap();
     griddep_wait();  // the partials come from the attention kernel
     // The fused rope + append's attention read the lengths before its token: advance them,
     // now that every CTA of it has finished.
     if (p.lens != nullptr && qh == 0 && threadIdx.x == 0) p.lens[b] += 1u;
+    // Thread (q, j) owns d = 4q .. 4q + 3 and splits j, j + J, ... (J = blockDim / Q groups;
+    // threads past J * Q, e.g. 120..127 at head_dim 80, idle). Its first MU loads go out now,
+    // before the weights are known, so their L2 round trip overlaps warp 0's (m, l) reads.
+    const int J = int(blockDim.x) / Q, q = threadIdx.x % Q, j0 = threadIdx.x / Q;
+    const bool active = j0 < J;
+    const float4* po = reinterpret_cast<const float4*>(p.part_o) + base * Q + q;  // split s at po[s * Q]
+    float4 v[MU];
+#pragma unroll
+    for (int u = 0; u < MU; ++u) {
+        const int s = j0 + u * J;
+        v[u] = active && s < S ? __ldcg(po + size_t(s) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     if (threadIdx.x < 32) {
+        // Each lane keeps the (m, l) pairs it read: one L2 round trip for the weights.
         const int lane = threadIdx.x;
+        const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + base;
+        float2 c[2];
         float mm = neg_inf();
-        for (int s = lane; s < p.splits; s += 32) mm = fmaxf(mm, ml[2 * s]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int s = lane + 32 * i;
+            c[i] = s < S ? __ldcg(ml + s) : make_float2(neg_inf(), 0.f);
+            mm = fmaxf(mm, c[i].x);
+        }
+        for (int s = lane + 64; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + s).x);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL, mm, o));
         float ll = 0.f;
-        for (int s = lane; s < p.splits; s += 32) {
-            const float ms = ml[2 * s];
-            const float f = (ms == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(ms - mm);
+        for (int s = lane, i = 0; s < S; s += 32, ++i) {
+            const float2 x = i < 2 ? c[i] : __ldcg(ml + s);
+            const float f = (x.x == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(x.x - mm);
             ws[s] = f;
-            ll += f * ml[2 * s + 1];
+            ll += f * x.y;
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(FULL, ll, o);
         if (lane == 0) lsum = ll;
     }
     __syncthreads();
-    const float ll = lsum;
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (size_t(b) * p.q_heads + qh) * p.head_dim;
-    // Thread (d, j) sums splits j, j + J, ... of element d (J = blockDim / head_dim lanes per
-    // d, 8 independent loads in flight each), then the J partial sums meet in shared memory.
-    __shared__ float part[128];
-    const int J = max(1, int(blockDim.x) / p.head_dim);
-    const int d0 = threadIdx.x % p.head_dim, j0 = threadIdx.x / p.head_dim;
-    // (threads past J * head_dim, e.g. 80..127 at head_dim 80, have nothing to do)
-    for (int d = d0; j0 < J && d < p.head_dim; d += blockDim.x) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        int s = j0;
-        for (; s + 7 * J < p.splits; s += 8 * J) {
+    if (active) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < S; s0 += MU * J) {
+            if (s0 > 0) {
 #pragma unroll
-            for (int u = 0; u < 8; ++u) acc[u] += ws[s + u * J] * __ldcg(p.part_o + (base + s + u * J) * p.head_dim + d);
+                for (int u = 0; u < MU; ++u) {
+                    const int s = j0 + s0 + u * J;
+                    v[u] = s < S ? __ldcg(po + size_t(s) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MU; ++u) {
+                const int s = j0 + s0 + u * J;
+                if (s < S) {
+                    const float f = ws[s];
+                    a.x += f * v[u].x;
+                    a.y += f * v[u].y;
+                    a.z += f * v[u].z;
+                    a.w += f * v[u].w;
+                }
+            }
         }
-        for (; s < p.splits; s += J) acc[0] += ws[s] * __ldcg(p.part_o + (base + s) * p.head_dim + d);
-        const float a = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        if (J == 1) {
-            out[d] = __float2bfloat16_rn(ll > 0.f ? a / ll : 0.f);
-        } else {
-            part[threadIdx.x] = a;
-        }
+        part[threadIdx.x] = a;
     }
-    if (J > 1) {
-        __syncthreads();
-        if (threadIdx.x < p.head_dim) {
-            float a = 0.f;
-            for (int j = 0; j < J; ++j) a += part[j * p.head_dim + threadIdx.x];
-            out[threadIdx.x] = __float2bfloat16_rn(ll > 0.f ? a / ll : 0.f);
+    __syncthreads();
+    if (int(threadIdx.x) < Q) {
+        float4 t = part[threadIdx.x];
+        for (int j = 1; j < J; ++j) {
+            const float4 x = part[j * Q + threadIdx.x];
+            t.x += x.x;
+            t.y += x.y;
+            t.z += x.z;
+            t.w += x.w;
         }
+        const float ll = lsum;
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (size_t(b) * p.q_heads + qh) * p.head_dim + 4 * threadIdx.x;
+        out[0] = __float2bfloat16_rn(ll > 0.f ? t.x / ll : 0.f);
+        out[1] = __float2bfloat16_rn(ll > 0.f ? t.y / ll : 0.f);
+        out[2] = __float2bfloat16_rn(ll > 0.f ? t.z / ll : 0.f);
+        out[3] = __float2bfloat16_rn(ll > 0.f ? t.w / ll : 0.f);
     }
 }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Twenty-seventh session's device runs: $@ = steps; run through scripts/s27-call.sh (STEPS=...).
+# trace_uq: per-kernel ncu trace of the 8B UltraQuant step at 512 and of the BF16-cache step.
+# abuq: decode_bench_new with the UltraQuant step's rope and append inside the attention
+#   launches (default) / off (CFP4_DECODE_ATTN=append=0) / ring launched first, against main,
+#   on the UltraQuant rows and the 8B BF16-cache row; $AB_ROUNDS rounds; logs packed.
+# Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh
+steps=$(card_steps "$@")
+for step in $steps; do case "$step" in
+trace_uq)
+    trace "8b nvfp4 b1 ctx512 kvuq graph" uq512
+    trace "8b nvfp4 b1 ctx512 kvbf16 graph" bf512
+    ;;
+abuq)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abuq decode_bench decode_bench_new \
+        "decode_bench_new CFP4_DECODE_ATTN=append=0" "decode_bench_new CFP4_DECODE_ATTN=ring=1"
+    pack_logs abuq
+    ;;
+*)
+    ON_H200= bash scripts/s26-device.sh "$step"
+    ;;
+esac; done
+echo "== done $(date +%T)"
