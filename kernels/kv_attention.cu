@@ -531,6 +531,16 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         __threadfence();
         merge_splits<D, C::HC, C::THREADS>(p, size_t(b) * p.q_heads + size_t(kvh) * p.group + head0,
                                            min(C::HC, p.group - head0), reinterpret_cast<float*>(smem));
+        if (fuse && threadIdx.x == 0) {
+            // The fused step's lengths: every CTA of this sequence's groups, in every launch,
+            // read them before it counted, so the last group to merge advances them (its
+            // counter sits after the groups': counters [batch][gridDim.y], then [batch]).
+            uint32_t* seq = p.counters + size_t(gridDim.z) * gridDim.y + b;
+            if (atomicAdd(seq, 1u) == gridDim.y - 1) {
+                *seq = 0u;
+                const_cast<uint32_t*>(p.lens)[b] = uint32_t(len_old + 1);
+            }
+        }
     }
 }
 

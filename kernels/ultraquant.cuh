@@ -62,7 +62,8 @@ struct KvAttnParams {
     int splits;              // offset 76: this launch's splits (grid x)
     int head_dim;            // offset 80: must equal the kernel's D
     int win;                 // offset 84: exact window (0 = none)
-    uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null
+    uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null (then
+                             //   with positions: [batch] merged groups after them)
     int split_base;          // offset 96: first partial index written by this launch
     int part_splits;         // offset 100: partials per head over all launches
     int late_wait;           // offset 104: 1 = this launch reads nothing the launch before it
@@ -73,7 +74,8 @@ struct KvAttnParams {
     // bf16 [batch][q_row] with q_row = (q_heads + 2 kv_heads) * head_dim (q heads, then k
     // heads, then v heads). Each sequence's q and k heads are rotated for positions[b] as
     // rope.cu does (bit for bit) and lens holds the lengths before the new token; lens is not
-    // written: the combine (or the lengths kernel) advances it after every CTA has read it.
+    // written but by the split merge: the combine kernel, the attention's in-kernel merge, or
+    // (one split) the lengths kernel advances it after every CTA has read it.
     //   BF16 cache (win 0): the rotated k and the v of its KV heads are stored at row lens[b]
     //     (when lens[b] < capacity), and the attention covers min(lens[b] + 1, capacity) tokens.
     //   The exact window's ring (BF16, win = capacity = window): stored at row lens[b] % win,

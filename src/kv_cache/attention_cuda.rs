@@ -231,11 +231,14 @@ pub(crate) fn kv_attention_cuda(
     let early_pdl = pdl && op.rope.as_ref().is_none_or(|r| r.pdl);
     let main_pdl = if fp4 { pdl } else { early_pdl };
     let scratch = if total > 1 {
+        // The in-kernel merge's counters per head group, then (fused rope and append: the
+        // merge advances the lengths) per sequence.
+        let seq_counters = if op.rope.is_some() { sh.batch } else { 0 };
         Some(plan.scratch(
             &stream,
             n_out * total,
             2 * sh.batch * op.q_heads * total,
-            sh.batch * sh.kv_heads * chunks,
+            sh.batch * sh.kv_heads * chunks + seq_counters,
         )?)
     } else {
         None
@@ -366,8 +369,8 @@ pub(crate) fn kv_attention_cuda(
             smem: 0,
         };
         unsafe { launch(&stream, fc, l, &cp)? };
-    } else if op.rope.is_some() {
-        // No combine kernel: the lengths kernel advances them (it waits for the attention).
+    } else if op.rope.is_some() && scratch.is_none() {
+        // One split, no merge: the lengths kernel advances them (it waits for the attention).
         let lp_ = KvLensParams {
             lens: lp,
             seq_base: 0,
