@@ -35,10 +35,30 @@
 #include "nvfp4_decode.cuh"  // e2m1_raw_pairs, bf16x2_mul (shared with the GEMV)
 #include "ultraquant.cuh"
 #include "kv_common.cuh"
+#include "ultraquant_codec.cuh"  // encode_slot (the in-kernel store of the fused decode step)
 #include "kv_attention.cuh"
 #include "rope_math.cuh"  // rope_first, rope_second (shared with rope.cu)
 
 namespace {
+
+// The UltraQuant slot of one (token, KV head) from its raw k and v rows of the q|k|v
+// projection: k rotated by the rope (rope.cu's arithmetic, bit for bit, rounded to bf16 as
+// the rope kernel writes it), then encoded as the store kernel does (bit for bit).
+template <int D>
+__device__ __forceinline__ void store_rope_slot(const __nv_bfloat16* kr, const __nv_bfloat16* vr,
+                                                const __nv_bfloat16* cs, const __nv_bfloat16* sn, uint8_t* slot,
+                                                float c, int lane) {
+    constexpr int E = D / 32, HALF = D / 2;
+    float x[E], y[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const int d = lane * E + e, i = d < HALF ? d : d - HALF;
+        const __nv_bfloat16 k1 = kr[i], k2 = kr[i + HALF], co = cs[i], si = sn[i];
+        x[e] = __bfloat162float(d < HALF ? cfp4::rope_first(k1, k2, co, si) : cfp4::rope_second(k1, k2, co, si));
+        y[e] = __bfloat162float(vr[d]);
+    }
+    encode_slot<D>(x, y, slot, c, lane);
+}
 
 template <bool FP4, int D, int NT>
 __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
@@ -51,13 +71,15 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     // launch before it: it starts once every CTA of that launch is running, i.e. past its
     // griddep_wait, so everything the ring reads is complete; it waits for that launch only
     // before exiting (the kernel wrapper), so that its own dependents see both.
-    // Rope + append fused (BF16 cache, positions set; see KvAttnParams): q is the raw q|k|v
-    // projection and lens the lengths before this token. The kernel then reads lens and the
-    // cached rows (< lens) before griddepcontrol.wait: the decode step writes neither before
-    // this kernel (the layer's combine advances lens after it; the host launches without PDL
-    // when its own calls wrote them since), so only q|k|v waits for the previous kernel.
-    const bool fuse = !FP4 && p.positions != nullptr;
-    if (!p.late_wait && !fuse) griddep_wait();
+    // Rope + append fused (positions set; see KvAttnParams): q is the raw q|k|v projection and
+    // lens the lengths before this token. A BF16 launch (the cache, or the exact window's
+    // ring) then reads lens and the cached rows (< lens) before griddepcontrol.wait: the
+    // decode step writes neither before this kernel (the layer's combine or lengths kernel
+    // advances lens after it; the host launches without PDL when its own calls wrote them
+    // since), so only q|k|v waits for the previous kernel. The UltraQuant launch waits first,
+    // as unfused (a late ring after it relies on that).
+    const bool fuse = p.positions != nullptr;
+    if (!p.late_wait && (FP4 || !fuse)) griddep_wait();
     griddep_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int split = blockIdx.x;
@@ -76,9 +98,13 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     const int cnt = warp < ntiles ? (ntiles - 1 - warp) / C::NW + 1 : 0;
     // Fused: tokens from tcopy on are not in the cache yet (zero-filled in the stages); the
     // new token's stage row is written from registers by warp new_warp at iteration new_it.
+    // Its row: lens[b] in the BF16 cache, lens[b] % window in the exact window's ring (whose
+    // rows are attended in any order: the softmax sum does not care). The UltraQuant launch
+    // attends none of it (the ring holds it until it leaves the window) and stores its slot.
+    const int new_row = p.win > 0 ? len_old % p.capacity : len_old;
     const int tcopy = fuse ? min(t1, len_old) : t1;
-    const bool owns_new = fuse && t0 <= len_old && len_old < t1;
-    const int new_tile = owns_new ? (len_old - t0) / TT : 0;
+    const bool owns_new = fuse && !FP4 && t0 <= new_row && new_row < t1;
+    const int new_tile = owns_new ? (new_row - t0) / TT : 0;
     const bool new_here = owns_new && warp == new_tile % C::NW;
     const int new_it = new_tile / C::NW;
     const uint8_t* kb = static_cast<const uint8_t*>(p.k);
@@ -120,11 +146,21 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         const size_t pos = size_t(min(p.positions[b], uint32_t(p.max_pos - 1)));
         cs = static_cast<const __nv_bfloat16*>(p.cos) + pos * HALF;
         sn = static_cast<const __nv_bfloat16*>(p.sin) + pos * HALF;
-        griddep_wait();  // q|k|v comes from the previous kernel
+        // q|k|v comes from the previous kernel (a late ring's launch waited for it).
+        if (!FP4 && !p.late_wait) griddep_wait();
+        if constexpr (FP4) {
+            // The new token's slot, by one warp of split 0's first head chunk per (sequence,
+            // KV head); no CTA of this step reads it.
+            if (split == 0 && hc == 0 && warp == C::NW - 1 && len_old < p.capacity) {
+                uint8_t* slot = const_cast<uint8_t*>(kb) + (row0 + size_t(len_old) * p.kv_heads) * C::SLOT;
+                store_rope_slot<D>(qkv + size_t(p.q_heads + kvh) * D, qkv + size_t(p.q_heads + p.kv_heads + kvh) * D,
+                                   cs, sn, slot, p.store_c, lane);
+            }
+        }
         if (new_here) {
             const __nv_bfloat16* kr = qkv + size_t(p.q_heads + kvh) * D;
             const __nv_bfloat16* vr = qkv + size_t(p.q_heads + p.kv_heads + kvh) * D;
-            const size_t at = (row0 + size_t(len_old) * p.kv_heads) * D;
+            const size_t at = (row0 + size_t(new_row) * p.kv_heads) * D;
 #pragma unroll
             for (int r = 0; r < NP; ++r) {
                 const int i = lane + 32 * r;
@@ -239,8 +275,8 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
         const int tb0 = t0 + TT * (warp + it * C::NW);
         if constexpr (!FP4) {
-            if (new_here && it == new_it) {  // the new token's row (zero-filled by the copy)
-                uint8_t* row = buf + (len_old - tb0) * RS;
+            if (new_here && it == new_it) {  // the new token's row (zeros, or the ring's old row, in the copy)
+                uint8_t* row = buf + (new_row - tb0) * RS;
 #pragma unroll
                 for (int r = 0; r < NP; ++r) {
                     const int i = lane + 32 * r;
@@ -495,6 +531,16 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         __threadfence();
         merge_splits<D, C::HC, C::THREADS>(p, size_t(b) * p.q_heads + size_t(kvh) * p.group + head0,
                                            min(C::HC, p.group - head0), reinterpret_cast<float*>(smem));
+        if (fuse && threadIdx.x == 0) {
+            // The fused step's lengths: every CTA of this sequence's groups, in every launch,
+            // read them before it counted, so the last group to merge advances them (its
+            // counter sits after the groups': counters [batch][gridDim.y], then [batch]).
+            uint32_t* seq = p.counters + size_t(gridDim.z) * gridDim.y + b;
+            if (atomicAdd(seq, 1u) == gridDim.y - 1) {
+                *seq = 0u;
+                const_cast<uint32_t*>(p.lens)[b] = uint32_t(len_old + 1);
+            }
+        }
     }
 }
 

@@ -62,25 +62,32 @@ struct KvAttnParams {
     int splits;              // offset 76: this launch's splits (grid x)
     int head_dim;            // offset 80: must equal the kernel's D
     int win;                 // offset 84: exact window (0 = none)
-    uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null
+    uint32_t* counters;      // offset 88: [batch][gridDim.y] finished splits, or null (then
+                             //   with positions: [batch] merged groups after them)
     int split_base;          // offset 96: first partial index written by this launch
     int part_splits;         // offset 100: partials per head over all launches
     int late_wait;           // offset 104: 1 = this launch reads nothing the launch before it
                              //   writes (the exact window's ring after the UltraQuant launch):
                              //   no griddep_wait at the start, one before exiting
     int q_row;               // offset 108: elements from one sequence's q to the next
-    // Rope + append fused (BF16 cache, no window; null positions: none): q is the decode
-    // step's raw q|k|v projection, bf16 [batch][q_row] with q_row = (q_heads + 2 kv_heads) *
-    // head_dim (q heads, then k heads, then v heads). Each sequence's q and k heads are rotated
-    // for positions[b] as rope.cu does (bit for bit), the rotated k and the v of its KV heads are
-    // stored at row lens[b] of the cache (when lens[b] < capacity), and the attention covers
-    // min(lens[b] + 1, capacity) tokens. lens is not written: the combine (or the lengths
-    // kernel) advances it after every CTA has read it.
+    // Rope + append fused (null positions: none): q is the decode step's raw q|k|v projection,
+    // bf16 [batch][q_row] with q_row = (q_heads + 2 kv_heads) * head_dim (q heads, then k
+    // heads, then v heads). Each sequence's q and k heads are rotated for positions[b] as
+    // rope.cu does (bit for bit) and lens holds the lengths before the new token; lens is not
+    // written but by the split merge: the combine kernel, the attention's in-kernel merge, or
+    // (one split) the lengths kernel advances it after every CTA has read it.
+    //   BF16 cache (win 0): the rotated k and the v of its KV heads are stored at row lens[b]
+    //     (when lens[b] < capacity), and the attention covers min(lens[b] + 1, capacity) tokens.
+    //   The exact window's ring (BF16, win = capacity = window): stored at row lens[b] % win,
+    //     the attention covers the min(lens[b] + 1, win) rows holding the last tokens.
+    //   UltraQuant (win > 0 only: the new token is read from the ring): its slot at lens[b] is
+    //     encoded as the store kernel does with constant store_c, and the attention covers
+    //     the tokens before the window of min(lens[b] + 1, capacity).
     const uint32_t* positions;  // offset 112: [batch]
     const void* cos;         // offset 120: bf16 [max_pos][head_dim / 2]
     const void* sin;         // offset 128: bf16, same shape
     int max_pos;             // offset 136: rows of cos / sin (a position past them reads the last)
-    int _pad;                // offset 140
+    float store_c;           // offset 140: UltraQuant scale constant of the in-kernel store
 };                           // size 144
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,

@@ -93,7 +93,7 @@ pub(crate) struct KvAttnParams {
     pub cos: u64,
     pub sin: u64,
     pub max_pos: i32,
-    pub pad: i32,
+    pub store_c: f32,
 }
 
 /// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
@@ -453,7 +453,7 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, cos), 120);
         assert_eq!(offset_of!(KvAttnParams, sin), 128);
         assert_eq!(offset_of!(KvAttnParams, max_pos), 136);
-        assert_eq!(offset_of!(KvAttnParams, pad), 140);
+        assert_eq!(offset_of!(KvAttnParams, store_c), 140);
         assert_eq!(size_of::<KvAttnParams>(), 144);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);

@@ -118,8 +118,8 @@ fn with_non_finite(mut v: Vec<bf16>, seq: usize, row: usize) -> Vec<bf16> {
     v
 }
 
-/// The kernel sources as one translation unit (kv_common.cuh, ultraquant.cu,
-/// kv_attention.cuh, kv_attention.cu, their includes of each other dropped), with the
+/// The kernel sources as one translation unit (kv_common.cuh, ultraquant_codec.cuh,
+/// ultraquant.cu, kv_attention.cuh, kv_attention.cu, their includes of each other dropped), with the
 /// inline-asm section cut out and the dynamic shared memory declaration pointed at the
 /// emulator's buffer.
 fn emulated_source() -> String {
@@ -132,6 +132,7 @@ fn emulated_source() -> String {
     let b = common.find(end).expect("PTX wrappers section end") + end.len();
     let src = [
         format!("{}{}", &common[..a], &common[b..]),
+        include_str!("../kernels/ultraquant_codec.cuh").to_string(),
         include_str!("../kernels/ultraquant.cu").to_string(),
         include_str!("../kernels/kv_attention.cuh").to_string(),
         include_str!("../kernels/kv_attention.cu").to_string(),
@@ -142,6 +143,7 @@ fn emulated_source() -> String {
         .filter(|l| {
             !l.starts_with("#include \"kv_common.cuh\"")
                 && !l.starts_with("#include \"kv_attention.cuh\"")
+                && !l.starts_with("#include \"ultraquant_codec.cuh\"")
                 && !l.starts_with("#pragma once")
         })
         .map(|l| format!("{l}\n"))

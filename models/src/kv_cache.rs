@@ -135,15 +135,15 @@ impl LayerCache {
     }
 
     /// Whether [`decode_batch_rope`](Self::decode_batch_rope) runs here (a BF16 cache on
-    /// CUDA).
+    /// CUDA, or an UltraQuant one with an exact window; not when the attention knobs turn
+    /// it off).
     pub fn fuses_rope_append(&self) -> bool {
-        self.inner.fuses_rope_append()
+        self.inner.fuses_rope_append() && self.decode_opts.rope_append != Some(false)
     }
 
     /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection in one kernel:
     /// the rope, the append and the attention ([`KvCache::decode_rope_attention`]; its
-    /// combine advances the lengths). BF16 cache on CUDA only
-    /// ([`fuses_rope_append`](Self::fuses_rope_append)).
+    /// combine advances the lengths). Where [`fuses_rope_append`](Self::fuses_rope_append).
     pub fn decode_batch_rope(
         &mut self,
         rope: &QkvRope,

@@ -1,6 +1,7 @@
 //! CUDA forward of split-KV decode attention (`kernels/kv_attention.cu`; UltraQuant or
-//! BF16 cache, with the exact window's ring, and on a BF16 cache optionally the decode
-//! step's rope and KV append inside) and the combine of its splits. Every kernel comes from
+//! BF16 cache, with the exact window's ring, and optionally the decode step's rope and KV
+//! append inside: BF16 cache, or UltraQuant with an exact window) and the combine of its
+//! splits. Every kernel comes from
 //! the cache's [`AttnPlan`] (made once); a call does arithmetic, checks its storages and
 //! launches.
 
@@ -189,10 +190,10 @@ pub(crate) fn kv_attention_cuda(
         }
         _ => None,
     };
-    // The rope and append inside the kernel: q is the raw q|k|v projection.
+    // The rope and append inside the kernels: q is the raw q|k|v projection.
     let q_row = match &op.rope {
-        Some(_) if fp4 || win.is_some() => {
-            bail!("{OP}: the rope and append inside the attention need a BF16 cache")
+        Some(_) if fp4 && win.is_none() => {
+            bail!("{OP}: the rope and append inside the UltraQuant attention need an exact window")
         }
         Some(_) => (op.q_heads + 2 * sh.kv_heads) * d,
         None => op.q_heads * d,
@@ -224,15 +225,20 @@ pub(crate) fn kv_attention_cuda(
         && fits(main)
         && ring_kernel.is_none_or(fits);
     let pdl = op.opts.pdl.unwrap_or(true) && plan.sm90;
-    // The fused kernel reads the lengths and rows before waiting for the previous kernel:
-    // without PDL when a host call wrote them since the last fused step.
-    let main_pdl = pdl && op.rope.as_ref().is_none_or(|r| r.pdl);
+    // A fused BF16 launch (the cache, or the ring launched first) reads the lengths and rows
+    // before waiting for the previous kernel: without PDL when a host call wrote them since
+    // the last fused step. The UltraQuant launch waits first; a late ring relies on it.
+    let early_pdl = pdl && op.rope.as_ref().is_none_or(|r| r.pdl);
+    let main_pdl = if fp4 { pdl } else { early_pdl };
     let scratch = if total > 1 {
+        // The in-kernel merge's counters per head group, then (fused rope and append: the
+        // merge advances the lengths) per sequence.
+        let seq_counters = if op.rope.is_some() { sh.batch } else { 0 };
         Some(plan.scratch(
             &stream,
             n_out * total,
             2 * sh.batch * op.q_heads * total,
-            sh.batch * sh.kv_heads * chunks,
+            sh.batch * sh.kv_heads * chunks + seq_counters,
         )?)
     } else {
         None
@@ -270,7 +276,7 @@ pub(crate) fn kv_attention_cuda(
         cos: op.rope.as_ref().map_or(0, |r| r.cos),
         sin: op.rope.as_ref().map_or(0, |r| r.sin),
         max_pos: op.rope.as_ref().map_or(1, |r| r.max_pos) as i32,
-        pad: 0,
+        store_c: crate::ultraquant::DEFAULT_CONSTANT_C,
     };
     let grid = |s: usize, y: usize| (s as u32, y as u32, sh.batch as u32);
     // The exact window's ring: before the UltraQuant launch, or after it (late_wait: under
@@ -298,7 +304,10 @@ pub(crate) fn kv_attention_cuda(
                 late_wait: i32::from(late),
                 ..params
             };
-            let l = rk.launch(grid(ring_splits, sh.kv_heads * chunks), pdl);
+            let l = rk.launch(
+                grid(ring_splits, sh.kv_heads * chunks),
+                if late { pdl } else { early_pdl },
+            );
             unsafe { launch_bf16_kv(&stream, "exact window ring", ring, *a, *half, &rk.f, l, p)? };
         }
         Ok(())
@@ -360,8 +369,8 @@ pub(crate) fn kv_attention_cuda(
             smem: 0,
         };
         unsafe { launch(&stream, fc, l, &cp)? };
-    } else if op.rope.is_some() {
-        // No combine kernel: the lengths kernel advances them (it waits for the attention).
+    } else if op.rope.is_some() && scratch.is_none() {
+        // One split, no merge: the lengths kernel advances them (it waits for the attention).
         let lp_ = KvLensParams {
             lens: lp,
             seq_base: 0,

@@ -3,6 +3,7 @@
 
 use super::lengths::Lengths;
 use super::ops::{make_plan, KvAppend, KvAttention, PlanRef};
+use super::rope_append;
 use super::shape::{
     check_decode_kv, check_new_kv, check_query, check_room, AttnKnobs, CacheShape, KvCacheKind,
 };
@@ -172,47 +173,18 @@ impl Bf16Cache {
     ) -> Result<Tensor> {
         const WHAT: &str = "Bf16Cache::decode_rope_attention";
         let sh = self.shape;
-        let (q_heads, kv_heads, d) = rope.dims();
-        if kv_heads != sh.kv_heads || d != sh.head_dim || q_heads % kv_heads != 0 {
-            bail!(
-                "{WHAT}: the rope's {q_heads} q / {kv_heads} kv heads of {d} do not fit the cache's {} kv heads of {}",
-                sh.kv_heads,
-                sh.head_dim
-            )
-        }
-        let b = rope.check(qkv, positions)?;
-        if b != sh.batch {
-            bail!(
-                "{WHAT}: qkv holds {b} rows, the cache {} sequences",
-                sh.batch
-            )
-        }
-        check_room(WHAT, &self.lens.host, 0, 1, sh.capacity)?;
-        let rope_append = rope_append(WHAT, rope, positions, &self.lens)?;
-        let max_len = if capacity_splits {
-            sh.capacity
-        } else {
-            self.lens.host.iter().copied().max().unwrap_or(0) + 1
-        };
+        let (q_heads, rope) = rope_append::prepare(WHAT, rope, qkv, positions, &sh, &self.lens)?;
         let op = KvAttention {
             kind: KvCacheKind::Bf16,
             shape: sh,
             q_heads,
-            max_len,
+            max_len: rope_append::max_len(&sh, &self.lens, capacity_splits),
             opts: *opts,
             window: None,
-            rope: Some(rope_append),
+            rope: Some(rope),
             plan: self.plan.clone(),
         };
-        let out = qkv
-            .contiguous()?
-            .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)?;
-        // Only now: a call that failed before its launch leaves the flag set.
-        self.lens.clear_written();
-        for n in &mut self.lens.host {
-            *n += 1;
-        }
-        Ok(out)
+        rope_append::run(&op, qkv, &self.kv, &mut self.lens)
     }
 
     /// Sets the host copy of the lengths, leaving the device's as they are: after recording a
@@ -299,36 +271,4 @@ impl Bf16Cache {
         q.contiguous()?
             .apply_op3_no_bwd(&self.kv, &self.lens.dev, &op)
     }
-}
-
-/// What the fused decode attention needs of `rope` (CUDA tables) and the lengths (whether
-/// it may launch with PDL).
-#[cfg(feature = "cuda")]
-fn rope_append(
-    what: &str,
-    rope: &QkvRope,
-    positions: &Tensor,
-    lens: &Lengths,
-) -> Result<super::ops::RopeAppend> {
-    let Some((cos, sin, max_pos)) = rope.cuda_tables() else {
-        bail!("{what}: the rope's tables are not on a GPU")
-    };
-    Ok(super::ops::RopeAppend {
-        positions: positions.clone(),
-        cos,
-        sin,
-        max_pos,
-        pdl: !lens.written(),
-    })
-}
-
-/// Without CUDA there is no fused decode attention.
-#[cfg(not(feature = "cuda"))]
-fn rope_append(
-    what: &str,
-    _rope: &QkvRope,
-    _positions: &Tensor,
-    _lens: &Lengths,
-) -> Result<super::ops::RopeAppend> {
-    bail!("{what}: runs on CUDA only (built without the cuda feature)")
 }

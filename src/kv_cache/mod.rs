@@ -62,6 +62,7 @@ mod lengths;
 mod ops;
 #[cfg(feature = "cuda")]
 mod plan;
+mod rope_append;
 #[cfg(feature = "cuda")]
 mod scratch;
 mod shape;
@@ -126,17 +127,18 @@ impl KvCache {
         }
     }
 
-    /// Whether [`decode_rope_attention`](Self::decode_rope_attention) runs here: a BF16
-    /// cache on a CUDA device (the UltraQuant append quantizes, a kernel of its own).
+    /// Whether [`decode_rope_attention`](Self::decode_rope_attention) runs here: a cache on
+    /// a CUDA device, BF16 or UltraQuant with an exact window (without one, the new token
+    /// would be attended from the slot being written).
     pub fn fuses_rope_append(&self) -> bool {
         match self {
             Self::Bf16(c) => c.kv.device().is_cuda(),
-            Self::UltraQuant(_) => false,
+            Self::UltraQuant(c) => c.data.device().is_cuda() && c.window.is_some(),
         }
     }
 
-    /// [`Bf16Cache::decode_rope_attention`]; an error where
-    /// [`fuses_rope_append`](Self::fuses_rope_append) is false.
+    /// [`Bf16Cache::decode_rope_attention`] or [`UltraQuantCache::decode_rope_attention`];
+    /// an error where [`fuses_rope_append`](Self::fuses_rope_append) is false.
     pub fn decode_rope_attention(
         &mut self,
         rope: &crate::rope::QkvRope,
@@ -149,8 +151,11 @@ impl KvCache {
             Self::Bf16(c) if c.kv.device().is_cuda() => {
                 c.decode_rope_attention(rope, qkv, positions, opts, capacity_splits)
             }
+            Self::UltraQuant(c) if c.data.device().is_cuda() => {
+                c.decode_rope_attention(rope, qkv, positions, opts, capacity_splits)
+            }
             _ => candle_core::bail!(
-                "KvCache::decode_rope_attention: a BF16 cache on CUDA only (this is {:?} on {:?})",
+                "KvCache::decode_rope_attention: a cache on CUDA only (this is {:?} on {:?})",
                 self.kind(),
                 match self {
                     Self::Bf16(c) => c.device().location(),

@@ -93,15 +93,16 @@ pub(crate) struct KvAttention {
     pub opts: AttnKnobs,
     /// UltraQuant only: the last `size` tokens of each sequence read exact from `ring`.
     pub window: Option<ExactWindow>,
-    /// BF16 cache on CUDA only: the decode step's rope and KV append done by the attention
-    /// kernel itself (`q` is then the raw q|k|v projection).
+    /// CUDA only (BF16 cache, or UltraQuant with an exact window): the decode step's rope
+    /// and KV append done by the attention kernels themselves (`q` is then the raw q|k|v
+    /// projection).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub rope: Option<RopeAppend>,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub plan: PlanRef,
 }
 
-/// The rope and KV append inside the BF16 decode attention (`KvAttnParams` in
+/// The rope and KV append inside the decode attention (`KvAttnParams` in
 /// `kernels/ultraquant.cuh`): `q` is the raw q|k|v projection BF16 `[batch, (q_heads + 2 ·
 /// kv_heads) · head_dim]`, the device lengths are those before the new token, and the
 /// combine kernel (or the lengths kernel) advances them after the attention.

@@ -123,6 +123,12 @@ pub struct AttnKnobs {
     /// UltraQuant kernel on the SMs that kernel leaves free, and waits for it before
     /// exiting); `None` = the measured default.
     pub ring_first: Option<bool>,
+    /// The decode step's rope and KV append inside the attention launches
+    /// ([`KvCache::decode_rope_attention`](super::KvCache::decode_rope_attention)) where the
+    /// cache supports it; `Some(false)`: the rope kernel, the append and the attention one op
+    /// each. Read by the callers that choose between the two (the models' decode step);
+    /// `None` = fused.
+    pub rope_append: Option<bool>,
 }
 
 /// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before

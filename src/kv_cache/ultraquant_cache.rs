@@ -2,6 +2,7 @@
 
 use super::lengths::Lengths;
 use super::ops::{make_plan, ExactWindow, KvAppend, KvAttention, PlanRef, UqRead, UqStore};
+use super::rope_append;
 use super::shape::{
     check_new_kv, check_query, check_room, AttnKnobs, CacheShape, KvCacheKind, SLOT_PADDING,
 };
@@ -315,6 +316,48 @@ impl UltraQuantCache {
             w.ring.inplace_op3(&k, &v, &op)?;
         }
         self.lens.advance(&self.plan, 0, sh.batch, 1)
+    }
+
+    /// The decode step after the q|k|v projection in the attention launches (CUDA, a cache
+    /// with an exact window): `qkv` BF16 `[batch, (q_heads + 2 · kv_heads) · head_dim]` at
+    /// `positions` U32 `[batch]` → BF16 `[batch, q_heads, head_dim]`. The ring's kernel
+    /// rotates q and k as `rope` does (bit for bit), writes the new k and v into the ring and
+    /// attends over it; the UltraQuant kernel rotates q likewise, encodes the new token's slot
+    /// as the store kernel does (bit for bit; no CTA of this step reads it, the ring holds
+    /// the token) and attends over the tokens before the window; then the lengths advance.
+    /// The same output, cache contents and lengths as [`QkvRope::forward`],
+    /// [`append_decode`](Self::append_decode) of its k and v heads and
+    /// [`decode_attention_with`](Self::decode_attention_with) on its q heads (or
+    /// [`decode_attention_capacity_with`](Self::decode_attention_capacity_with) when
+    /// `capacity_splits`), bit for bit, in three kernels instead of seven. Errors, writing
+    /// nothing, when a sequence is full or the cache has no exact window.
+    ///
+    /// [`QkvRope::forward`]: crate::rope::QkvRope::forward
+    pub fn decode_rope_attention(
+        &mut self,
+        rope: &crate::rope::QkvRope,
+        qkv: &Tensor,
+        positions: &Tensor,
+        opts: &AttnKnobs,
+        capacity_splits: bool,
+    ) -> Result<Tensor> {
+        const WHAT: &str = "UltraQuantCache::decode_rope_attention";
+        let sh = self.shape;
+        if self.window.is_none() {
+            bail!("{WHAT}: needs an exact window (the new token is attended from its ring)")
+        }
+        let (q_heads, rope) = rope_append::prepare(WHAT, rope, qkv, positions, &sh, &self.lens)?;
+        let op = KvAttention {
+            kind: KvCacheKind::UltraQuant,
+            shape: sh,
+            q_heads,
+            max_len: rope_append::max_len(&sh, &self.lens, capacity_splits),
+            opts: *opts,
+            window: self.window.clone(),
+            rope: Some(rope),
+            plan: self.plan.clone(),
+        };
+        rope_append::run(&op, qkv, &self.data, &mut self.lens)
     }
 
     /// Sets the host copy of the lengths only (see [`Bf16Cache::set_host_lens`](super::Bf16Cache::set_host_lens)).
