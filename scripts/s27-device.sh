@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-seventh session's device runs: $@ = steps; run through scripts/s27-call.sh (STEPS=...).
 # trace_uq: per-kernel ncu trace of the 8B UltraQuant step at 512 and of the BF16-cache step.
+# trace_uq_new: the same trace of decode_bench_new's UltraQuant step.
 # abuq: decode_bench_new with the UltraQuant step's rope and append inside the attention
 #   launches (default) / off (CFP4_DECODE_ATTN=append=0) / ring launched first, against main,
 #   on the UltraQuant rows and the 8B BF16-cache row; $AB_ROUNDS rounds; logs packed.
@@ -13,6 +14,9 @@ for step in $steps; do case "$step" in
 trace_uq)
     trace "8b nvfp4 b1 ctx512 kvuq graph" uq512
     trace "8b nvfp4 b1 ctx512 kvbf16 graph" bf512
+    ;;
+trace_uq_new)
+    TRACE_BIN=decode_bench_new trace "8b nvfp4 b1 ctx512 kvuq graph" uq512new
     ;;
 abuq)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
