@@ -176,7 +176,7 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         splits,
         fused_merge,
         pdl,
-        ring_first: None,
+        ..AttnKnobs::default()
     };
     // The exact window's ring before and after the UltraQuant launch (without a window the
     // option changes nothing).
