@@ -148,15 +148,6 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         sn = static_cast<const __nv_bfloat16*>(p.sin) + pos * HALF;
         // q|k|v comes from the previous kernel (a late ring's launch waited for it).
         if (!FP4 && !p.late_wait) griddep_wait();
-        if constexpr (FP4) {
-            // The new token's slot, by one warp of split 0's first head chunk per (sequence,
-            // KV head); no CTA of this step reads it.
-            if (split == 0 && hc == 0 && warp == C::NW - 1 && len_old < p.capacity) {
-                uint8_t* slot = const_cast<uint8_t*>(kb) + (row0 + size_t(len_old) * p.kv_heads) * C::SLOT;
-                store_rope_slot<D>(qkv + size_t(p.q_heads + kvh) * D, qkv + size_t(p.q_heads + p.kv_heads + kvh) * D,
-                                   cs, sn, slot, p.store_c, lane);
-            }
-        }
         if (new_here) {
             const __nv_bfloat16* kr = qkv + size_t(p.q_heads + kvh) * D;
             const __nv_bfloat16* vr = qkv + size_t(p.q_heads + p.kv_heads + kvh) * D;
@@ -458,6 +449,19 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
             }
         }
         __syncwarp();  // the buffer is refilled next iteration
+    }
+    if constexpr (FP4) {
+        // Fused: the new token's slot, by the last warp (the fewest tiles) of split 0's first
+        // head chunk per (sequence, KV head), after its tiles: off the CTA's critical path
+        // (before its tiles, the query's preparation would wait for it). No CTA of this step
+        // reads the slot. Its inputs are read again here rather than kept across the loop.
+        if (fuse && split == 0 && hc == 0 && warp == C::NW - 1 && len_old < p.capacity) {
+            const size_t pos = size_t(min(p.positions[b], uint32_t(p.max_pos - 1)));
+            uint8_t* slot = const_cast<uint8_t*>(kb) + (row0 + size_t(len_old) * p.kv_heads) * C::SLOT;
+            store_rope_slot<D>(qkv + size_t(p.q_heads + kvh) * D, qkv + size_t(p.q_heads + p.kv_heads + kvh) * D,
+                               static_cast<const __nv_bfloat16*>(p.cos) + pos * HALF,
+                               static_cast<const __nv_bfloat16*>(p.sin) + pos * HALF, slot, p.store_c, lane);
+        }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stage buffers (reused below)

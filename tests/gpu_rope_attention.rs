@@ -40,6 +40,7 @@ fn dev_lens(c: &KvCache) -> candle_core::Result<Vec<u32>> {
 /// lengths after every step, the rows read back (and the UltraQuant slots) at the end must
 /// agree bit for bit.
 fn fused_equals_unfused(
+    gpu: &Device,
     make: &dyn Fn(CacheShape) -> candle_core::Result<KvCache>,
     heads: (usize, usize, usize),
     knobs: &AttnKnobs,
@@ -47,12 +48,11 @@ fn fused_equals_unfused(
     what: &str,
     seed: u64,
 ) -> candle_core::Result<()> {
-    let gpu = Device::new_cuda(0)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut rand_bf16 = |shape: &[usize]| -> candle_core::Result<Tensor> {
         let n = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-        Tensor::from_vec(v, shape, &gpu)?.to_dtype(DType::BF16)
+        Tensor::from_vec(v, shape, gpu)?.to_dtype(DType::BF16)
     };
     let (nq, nkv, d) = heads;
     let (batch, cap, max_pos, rounds) = (3usize, 200usize, 300usize, 20usize);
@@ -79,7 +79,7 @@ fn fused_equals_unfused(
             .iter()
             .map(|&n| ((3 * n + 1) % max_pos) as u32)
             .collect();
-        let pos = Tensor::new(pos.as_slice(), &gpu)?;
+        let pos = Tensor::new(pos.as_slice(), gpu)?;
         let got = a.decode_rope_attention(&rope, &qkv, &pos, knobs, capacity_splits)?;
         let r = rope.forward(&qkv, &pos)?;
         let k = r.narrow(1, nq, nkv)?.contiguous()?;
@@ -147,7 +147,7 @@ fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
     ] {
         for (name, o, capacity_splits) in &variants {
             let what = format!("BF16, {heads:?} heads, {name}");
-            fused_equals_unfused(&make, heads, o, *capacity_splits, &what, 11)?;
+            fused_equals_unfused(&gpu, &make, heads, o, *capacity_splits, &what, 11)?;
         }
     }
     Ok(())
@@ -184,7 +184,7 @@ fn rope_in_ultraquant_attention_equals_rope_then_attention() -> candle_core::Res
         ] {
             for (name, o, capacity_splits) in &variants {
                 let what = format!("UltraQuant window {window}, {heads:?} heads, {name}");
-                fused_equals_unfused(&make, heads, o, *capacity_splits, &what, 12)?;
+                fused_equals_unfused(&gpu, &make, heads, o, *capacity_splits, &what, 12)?;
             }
         }
     }

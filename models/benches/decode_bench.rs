@@ -360,7 +360,9 @@ fn cases() -> Vec<Case> {
     add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 1, false, true);
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 512, 1, true, true);
     add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 8, true, true);
+    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 512, 8, true, true);
     add("8b nvfp4", LLAMA_8B, true, Bf16, 512, 32, true, true);
+    add("8b nvfp4", LLAMA_8B, true, UltraQuant, 512, 32, true, true);
     add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true, true);
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
     add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);

@@ -284,6 +284,11 @@ pub(crate) fn kv_attention_cuda(
     let ring_first = match (op.opts.ring_first, &ring_kernel) {
         (Some(f), _) => f,
         (None, None) => true, // no ring
+        // The rope and append inside: after. The ring's launch then waits for the previous
+        // kernel and ropes and appends before its attention; first, all of that is on the
+        // path to the UltraQuant launch (H100, 8B b1 512: 2.91–2.92 ms per step against
+        // 2.75 after; docs/logs/s27/README.md).
+        (None, Some(_)) if op.rope.is_some() => false,
         (None, Some(rk)) => {
             let base = sh.batch * sh.kv_heads * chunks;
             ring_first_default(
