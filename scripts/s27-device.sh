@@ -19,7 +19,7 @@ trace_uq_new)
     TRACE_BIN=decode_bench_new trace "8b nvfp4 b1 ctx512 kvuq graph" uq512new
     ;;
 abuq)
-    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b32 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abuq decode_bench decode_bench_new \
         "decode_bench_new CFP4_DECODE_ATTN=append=0" "decode_bench_new CFP4_DECODE_ATTN=ring=1"
     pack_logs abuq
