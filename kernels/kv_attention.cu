@@ -591,29 +591,8 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
         v[u] = active && s < S ? __ldcg(po + size_t(s) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (threadIdx.x < 32) {
-        // Each lane keeps the (m, l) pairs it read: one L2 round trip for the weights.
         const int lane = threadIdx.x;
-        const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + base;
-        float2 c[2];
-        float mm = neg_inf();
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int s = lane + 32 * i;
-            c[i] = s < S ? __ldcg(ml + s) : make_float2(neg_inf(), 0.f);
-            mm = fmaxf(mm, c[i].x);
-        }
-        for (int s = lane + 64; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + s).x);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL, mm, o));
-        float ll = 0.f;
-        for (int s = lane, i = 0; s < S; s += 32, ++i) {
-            const float2 x = i < 2 ? c[i] : __ldcg(ml + s);
-            const float f = (x.x == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(x.x - mm);
-            ws[s] = f;
-            ll += f * x.y;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(FULL, ll, o);
+        const float ll = split_weights(reinterpret_cast<const float2*>(p.part_ml) + base, S, lane, ws);
         if (lane == 0) lsum = ll;
     }
     __syncthreads();

@@ -180,6 +180,33 @@ struct StageCopy<false, D, NT> {
     __device__ __forceinline__ StageCopy(const uint8_t*, int, int) {}
 };
 
+// One warp: the weights w[s] = 2^(m_s - max_s m_s) of the S splits' (m, l) pairs `ml` (0 for
+// an empty split), returned with sum_s w[s] l_s to every lane. Each lane keeps the pairs it
+// read (the first 64 splits), so one L2 round trip for both passes.
+__device__ __forceinline__ float split_weights(const float2* ml, int S, int lane, float* w) {
+    float2 c[2];
+    float mm = neg_inf();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int s = lane + 32 * i;
+        c[i] = s < S ? __ldcg(ml + s) : make_float2(neg_inf(), 0.f);
+        mm = fmaxf(mm, c[i].x);
+    }
+    for (int s = lane + 64; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + s).x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL, mm, o));
+    float ll = 0.f;
+    for (int s = lane, i = 0; s < S; s += 32, ++i) {
+        const float2 v = i < 2 ? c[i] : __ldcg(ml + s);
+        const float f = (v.x == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(v.x - mm);
+        w[s] = f;
+        ll += f * v.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(FULL, ll, o);
+    return ll;
+}
+
 // Merge of the `splits` partials of heads qh0 .. qh0 + nh - 1 (global q-head index incl.
 // the batch) into out, by one CTA of THREADS threads: warp j finds head j's max and the
 // weights w_s = 2^(m_s - max) (into w[nh][splits] in shared memory; each lane keeps the
@@ -202,26 +229,7 @@ __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int j = warp; j < nh; j += THREADS / 32) {
         const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + (qh0 + j) * S;
-        float2 c[2];
-        float mm = neg_inf();
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int s = lane + 32 * i;
-            c[i] = s < S ? __ldcg(ml + s) : make_float2(neg_inf(), 0.f);
-            mm = fmaxf(mm, c[i].x);
-        }
-        for (int s = lane + 64; s < S; s += 32) mm = fmaxf(mm, __ldcg(ml + s).x);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL, mm, o));
-        float ll = 0.f;
-        for (int s = lane, i = 0; s < S; s += 32, ++i) {
-            const float2 v = i < 2 ? c[i] : __ldcg(ml + s);
-            const float f = (v.x == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(v.x - mm);
-            w[j * S + s] = f;
-            ll += f * v.y;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(FULL, ll, o);
+        const float ll = split_weights(ml, S, lane, w + j * S);
         if (lane == 0) lsum[j] = ll;
     }
     __syncthreads();
