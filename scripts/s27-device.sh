@@ -5,6 +5,8 @@
 # abuq: decode_bench_new with the UltraQuant step's rope and append inside the attention
 #   launches (default) / off (CFP4_DECODE_ATTN=append=0) / ring launched first, against main,
 #   on the UltraQuant rows and the 8B BF16-cache row; $AB_ROUNDS rounds; logs packed.
+# abwht: main / decode_bench_new (the query's rotation by one warp per row), UltraQuant rows.
+# uqsplits: the UltraQuant launch's split count forced (CFP4_DECODE_ATTN=splits=N), 512 and 32k.
 # Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,20 @@ abuq)
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abuq decode_bench decode_bench_new \
         "decode_bench_new CFP4_DECODE_ATTN=append=0" "decode_bench_new CFP4_DECODE_ATTN=ring=1"
     pack_logs abuq
+    ;;
+abwht)
+    # main / decode_bench_new (the query rotated by one warp per row in registers).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abwht decode_bench decode_bench_new
+    pack_logs abwht
+    ;;
+uqsplits)
+    # The UltraQuant launch's split count at 512 and 32k (heuristic: 3 at 512, 16 at 32k).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-1}" ab_rows uqsplits decode_bench "decode_bench CFP4_DECODE_ATTN=splits=1" \
+        "decode_bench CFP4_DECODE_ATTN=splits=2" "decode_bench CFP4_DECODE_ATTN=splits=6" \
+        "decode_bench CFP4_DECODE_ATTN=splits=12" "decode_bench CFP4_DECODE_ATTN=splits=24"
+    pack_logs uqsplits
     ;;
 *)
     ON_H200= bash scripts/s26-device.sh "$step"
