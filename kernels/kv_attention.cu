@@ -197,19 +197,20 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     }
     __syncthreads();
     if constexpr (FP4) {
-        const float r = inv_sqrt2();
-#pragma unroll 1
-        for (int h = 1; h < D; h <<= 1) {
-            for (int idx = threadIdx.x; idx < C::HC * D / 2; idx += C::THREADS) {
-                const int j = idx / (D / 2), pi = idx - j * (D / 2);
-                const int lo = (pi / h) * 2 * h + (pi % h);
-                float* row = qs + j * D;
-                const float u = row[lo], v = row[lo + h];
-                row[lo] = __fmul_rn(__fadd_rn(u, v), r);
-                row[lo + h] = __fmul_rn(__fsub_rn(u, v), r);
-            }
-            __syncthreads();
+        // Each query row rotated like K by one warp in registers (wht_warp: the store's
+        // butterflies, in its order and rounding), one barrier instead of one per stage.
+        static_assert(C::NW >= C::HC, "a warp per query row");
+        if (warp < C::HC) {
+            constexpr int E = D / 32;
+            float* row = qs + warp * D + lane * E;
+            float x[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) x[e] = row[e];
+            wht_warp<D>(x, lane);
+#pragma unroll
+            for (int e = 0; e < E; ++e) row[e] = x[e];
         }
+        __syncthreads();
     }
     // Q operand (B of S = K . Q): column g = head 4nt + g/2, part hi (g even) or lo (g odd).
     // UltraQuant: q carries 2^64 and the raw K codes 2^-126 (e2m1_raw_pairs), so S is 2^-62
