@@ -6,6 +6,8 @@
 #   launches (default) / off (CFP4_DECODE_ATTN=append=0) / ring launched first, against main,
 #   on the UltraQuant rows and the 8B BF16-cache row; $AB_ROUNDS rounds; logs packed.
 # abwht: main / decode_bench_new (the query's rotation by one warp per row), UltraQuant rows.
+# abbusy: main / decode_bench_new (the warp merge skips warps without tiles), with the 8B
+#   BF16-cache row.
 # uqsplits: the UltraQuant launch's split count forced (CFP4_DECODE_ATTN=splits=N), 512 and 32k.
 # Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
 set -o pipefail
@@ -31,6 +33,12 @@ abwht)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abwht decode_bench decode_bench_new
     pack_logs abwht
+    ;;
+abbusy)
+    # main / decode_bench_new (the CTA's warp merge bounded by the warps with tiles).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abbusy decode_bench decode_bench_new
+    pack_logs abbusy
     ;;
 uqsplits)
     # The UltraQuant launch's split count at 512 and 32k (heuristic: 3 at 512, 16 at 32k).
