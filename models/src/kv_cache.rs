@@ -143,7 +143,7 @@ impl LayerCache {
 
     /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection in one kernel:
     /// the rope, the append and the attention ([`KvCache::decode_rope_attention`]; its
-    /// combine advances the lengths). Where [`fuses_rope_append`](Self::fuses_rope_append).
+    /// split merge advances the lengths). Where [`fuses_rope_append`](Self::fuses_rope_append).
     pub fn decode_batch_rope(
         &mut self,
         rope: &QkvRope,

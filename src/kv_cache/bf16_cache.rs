@@ -155,7 +155,7 @@ impl Bf16Cache {
     /// BF16 `[batch, (q_heads + 2 · kv_heads) · head_dim]` at `positions` U32 `[batch]` →
     /// BF16 `[batch, q_heads, head_dim]`. The attention kernel rotates q and k as `rope` does
     /// (bit for bit), stores the new k and v at the lengths on the device and attends over
-    /// them; its combine advances the lengths. The same output, cache contents and lengths
+    /// them; its split merge advances the lengths. The same output, cache contents and lengths
     /// as [`QkvRope::forward`], [`append_decode`](Self::append_decode) of its k and v heads
     /// and [`decode_attention_with`](Self::decode_attention_with) on its q heads (or
     /// [`decode_attention_capacity_with`](Self::decode_attention_capacity_with) when

@@ -105,7 +105,8 @@ pub(crate) struct KvAttention {
 /// The rope and KV append inside the decode attention (`KvAttnParams` in
 /// `kernels/ultraquant.cuh`): `q` is the raw q|k|v projection BF16 `[batch, (q_heads + 2 ·
 /// kv_heads) · head_dim]`, the device lengths are those before the new token, and the
-/// combine kernel (or the lengths kernel) advances them after the attention.
+/// split merge (the combine kernel or the attention's last CTA; one split: the lengths kernel)
+/// advances them after the attention.
 #[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct RopeAppend {
