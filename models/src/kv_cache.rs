@@ -141,8 +141,8 @@ impl LayerCache {
         self.inner.fuses_rope_append() && self.decode_opts.rope_append != Some(false)
     }
 
-    /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection in one kernel:
-    /// the rope, the append and the attention ([`KvCache::decode_rope_attention`]; its
+    /// [`decode_batch`](Self::decode_batch) from the fused `q|k|v` projection in the attention
+    /// launches: the rope, the append and the attention ([`KvCache::decode_rope_attention`]; its
     /// split merge advances the lengths). Where [`fuses_rope_append`](Self::fuses_rope_append).
     pub fn decode_batch_rope(
         &mut self,
