@@ -8,6 +8,7 @@
 # abwht: main / decode_bench_new (the query's rotation by one warp per row), UltraQuant rows.
 # abbusy: main / decode_bench_new (the warp merge skips warps without tiles), with the 8B
 #   BF16-cache row.
+# abmw: main / decode_bench_new (the warp merge's weights once per (warp, head)).
 # uqsplits: the UltraQuant launch's split count forced (CFP4_DECODE_ATTN=splits=N), 512 and 32k.
 # Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
 set -o pipefail
@@ -39,6 +40,12 @@ abbusy)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abbusy decode_bench decode_bench_new
     pack_logs abbusy
+    ;;
+abmw)
+    # main / decode_bench_new (the warp merge's weights once per (warp, head)).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abmw decode_bench decode_bench_new
+    pack_logs abmw
     ;;
 uqsplits)
     # The UltraQuant launch's split count at 512 and 32k (heuristic: 3 at 512, 16 at 32k).
