@@ -9,6 +9,7 @@
 # abbusy: main / decode_bench_new (the warp merge skips warps without tiles), with the 8B
 #   BF16-cache row.
 # abmw: main / decode_bench_new (the warp merge's weights once per (warp, head)).
+# abuqmerge: main's UltraQuant rows, in-kernel split merge (default) / combine kernel.
 # uqsplits: the UltraQuant launch's split count forced (CFP4_DECODE_ATTN=splits=N), 512 and 32k.
 # Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
 set -o pipefail
@@ -46,6 +47,12 @@ abmw)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abmw decode_bench decode_bench_new
     pack_logs abmw
+    ;;
+abuqmerge)
+    # main's UltraQuant rows with the in-kernel split merge (default) / the combine kernel.
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abuqmerge decode_bench "decode_bench CFP4_DECODE_ATTN=fused=0"
+    pack_logs abuqmerge
     ;;
 uqsplits)
     # The UltraQuant launch's split count at 512 and 32k (heuristic: 3 at 512, 16 at 32k).
