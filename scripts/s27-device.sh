@@ -10,6 +10,7 @@
 #   BF16-cache row.
 # abmw: main / decode_bench_new (the warp merge's weights once per (warp, head)).
 # abuqmerge: main's UltraQuant rows, in-kernel split merge (default) / combine kernel.
+# abrule: main / decode_bench_new (the UltraQuant merge rule: combine up to 8 partials).
 # uqsplits: the UltraQuant launch's split count forced (CFP4_DECODE_ATTN=splits=N), 512 and 32k.
 # Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
 set -o pipefail
@@ -53,6 +54,12 @@ abuqmerge)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abuqmerge decode_bench "decode_bench CFP4_DECODE_ATTN=fused=0"
     pack_logs abuqmerge
+    ;;
+abrule)
+    # main / decode_bench_new (UltraQuant: the combine kernel up to 8 partials per head).
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b32 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abrule decode_bench decode_bench_new
+    pack_logs abrule
     ;;
 uqsplits)
     # The UltraQuant launch's split count at 512 and 32k (heuristic: 3 at 512, 16 at 32k).
