@@ -185,7 +185,8 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         ..opt(None, fused_merge, pdl)
     };
     // Heuristic and forced splits (1000: mostly empty ranges), the merge in the attention
-    // kernel (default) or in the combine kernel, PDL on and off.
+    // kernel or in the combine kernel (by default UltraQuant's in-kernel with more than 8
+    // partials per head), PDL on and off.
     let opts = vec![
         opt(None, None, None),
         opt(Some(1), None, None),
@@ -198,6 +199,7 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         ring(true, None, None),
         ring(false, None, None),
         ring(false, Some(false), None),
+        ring(false, Some(true), None),
         ring(false, None, Some(false)),
     ];
     for o in opts {

@@ -8,7 +8,7 @@
 use super::cuda::{check_slots, launch_lens_update};
 use super::ops::{range, ExactWindow, KvAttention};
 use super::plan::{AttnKernel, AttnPlan};
-use super::shape::{ring_first_default, KvCacheKind};
+use super::shape::{fused_merge_default, ring_first_default, KvCacheKind};
 use crate::cuda::{launch, Launch};
 use crate::kernel_params::{KvAttnParams, KvCombineParams, KvLensParams};
 use candle_core::backend::BackendStorage;
@@ -24,19 +24,6 @@ unsafe impl DeviceRepr for KvCombineParams {}
 
 /// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
 const MAX_SPLITS: usize = 1024;
-/// Whether the splits are merged in the attention kernel when [`AttnKnobs`] leaves it
-/// open. Measured on the H200 (docs/benchmarks.md): the same GPU time either way for
-/// UltraQuant (16-warp CTAs) and one kernel launch and two allocations less per call; the
-/// BF16 kernel's 4-warp CTAs are slower fused, so it keeps the combine kernel. Still so with
-/// the merge's loads all in flight (twenty-sixth session, H100: 8B b1 +50 to +60 µs per
-/// step against the combine kernel, 70B +0.26 ms), which made the UltraQuant rows 1–2 %
-/// faster.
-///
-/// [`AttnKnobs`]: super::AttnKnobs
-fn fused_merge_default(fp4: bool) -> bool {
-    fp4
-}
-
 /// Splits per (sequence, KV head): `floor(resident / base)` (one wave of `resident` CTAs),
 /// but at least one 16-token tile per warp.
 fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize) -> usize {
@@ -221,7 +208,10 @@ pub(crate) fn kv_attention_cuda(
     let nh = 4 * nt;
     let fits = |k: &AttnKernel| (nh * total + nh) * 4 <= k.smem;
     let fused = total > 1
-        && op.opts.fused_merge.unwrap_or(fused_merge_default(fp4))
+        && op
+            .opts
+            .fused_merge
+            .unwrap_or(fused_merge_default(fp4, total))
         && fits(main)
         && ring_kernel.is_none_or(fits);
     let pdl = op.opts.pdl.unwrap_or(true) && plan.sm90;

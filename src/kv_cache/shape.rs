@@ -52,6 +52,19 @@ pub(crate) fn ring_first_default(
     !(ring_ctas <= free || fp4_tokens_per_cta >= 6144)
 }
 
+/// Whether the attention merges its splits in its own last CTA per head group (`true`) or
+/// leaves them to `cfp4_kv_combine` when [`AttnKnobs::fused_merge`] is `None`, for a call
+/// with `total` partials per head (its splits plus the exact window's ring's). Measured on
+/// the H100 (docs/logs/s27/README.md, call 7): on an UltraQuant cache the combine kernel is
+/// faster with 3–4 partials (8B b1 512 −16 µs per step, b8 512 −30 µs, SmolLM2 −2.4 %) and
+/// slower with 17 (8B b1 32k +38 to +60 µs); the threshold sits between. On a BF16 cache the
+/// combine kernel at every count measured (in-kernel: 8B b1 +50 to +60 µs per step,
+/// twenty-sixth session; the 4-warp CTAs merge slowly).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
+pub(crate) fn fused_merge_default(fp4: bool, total: usize) -> bool {
+    fp4 && total > 8
+}
+
 impl CacheShape {
     /// Checks the dimensions for a cache of `kind` on `device` (`what` names the caller in
     /// errors).
@@ -278,7 +291,18 @@ pub(crate) fn check_query(
 
 #[cfg(test)]
 mod tests {
-    use super::ring_first_default;
+    use super::{fused_merge_default, ring_first_default};
+
+    #[test]
+    fn merge_rule() {
+        assert!(!fused_merge_default(true, 3)); // 8B b8 512: 2 splits + the ring
+        assert!(!fused_merge_default(true, 4)); // 8B / SmolLM2 b1 512: 3 + 1
+        assert!(!fused_merge_default(true, 8));
+        assert!(fused_merge_default(true, 9));
+        assert!(fused_merge_default(true, 17)); // 8B b1 32k: 16 + 1
+        assert!(!fused_merge_default(false, 17)); // BF16: always the combine kernel
+        assert!(!fused_merge_default(false, 1024));
+    }
 
     #[test]
     fn ring_order_rule() {
