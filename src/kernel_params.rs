@@ -486,7 +486,7 @@ mod tests {
             "const uint32_t* positions;  // offset 112",
             "const void* sin;         // offset 128",
             "int max_pos;             // offset 136",
-            "int _pad;                // offset 140",
+            "float store_c;           // offset 140",
             "};                           // size 144",
             "uint32_t* lens;          // offset 40",
             "};                           // size 48",
