@@ -9,7 +9,10 @@
 //! Cases: head_dim 64/128/256 × (kv_heads, group) ∈ {(3, 4), (2, 6), (1, 1), (4, 3), (2, 9)},
 //! batch 2 with lengths 39 and 82 (prompts by `append_seq`, then two batch appends), splits
 //! 1, 2 and 5 (merged by the combine kernel, and for 2 and 5 also by the attention kernel's
-//! last CTA), UltraQuant and BF16 caches.
+//! last CTA), UltraQuant and BF16 caches; the decode step's rope and append inside the
+//! attention (BF16 cache; and on 6 of the cases an UltraQuant cache with an exact window of
+//! 16 and 64 tokens, both ring orders, both merges) against the unfused launches, bit for
+//! bit in outputs, rows, slots and lengths.
 
 mod emu_common;
 mod kv_cache_common;
