@@ -11,6 +11,7 @@
 # abmw: main / decode_bench_new (the warp merge's weights once per (warp, head)).
 # abuqmerge: main's UltraQuant rows, in-kernel split merge (default) / combine kernel.
 # abrule: main / decode_bench_new (the UltraQuant merge rule: combine up to 8 partials).
+# uqsplits2: the merge rule's build, UltraQuant splits at 512: heuristic / 6 / 12, 3 rounds.
 # uqsplits: the UltraQuant launch's split count forced (CFP4_DECODE_ATTN=splits=N), 512 and 32k.
 # Any other step is scripts/s26-device.sh's (abcomb, ...) and through it s25's (check, bench, ...).
 set -o pipefail
@@ -60,6 +61,13 @@ abrule)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx32768 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b32 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abrule decode_bench decode_bench_new
     pack_logs abrule
+    ;;
+uqsplits2)
+    # decode_bench_new (the merge rule): the UltraQuant launch's splits at 512, heuristic / 6 / 12.
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows uqsplits2 decode_bench_new "decode_bench_new CFP4_DECODE_ATTN=splits=6" \
+        "decode_bench_new CFP4_DECODE_ATTN=splits=12"
+    pack_logs uqsplits2
     ;;
 uqsplits)
     # The UltraQuant launch's split count at 512 and 32k (heuristic: 3 at 512, 16 at 32k).
