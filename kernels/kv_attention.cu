@@ -610,13 +610,7 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
 #pragma unroll
             for (int u = 0; u < MU; ++u) {
                 const int s = j0 + s0 + u * J;
-                if (s < S) {
-                    const float f = ws[s];
-                    a.x += f * v[u].x;
-                    a.y += f * v[u].y;
-                    a.z += f * v[u].z;
-                    a.w += f * v[u].w;
-                }
+                if (s < S) axpy4(a, ws[s], v[u]);
             }
         }
         part[threadIdx.x] = a;
@@ -631,11 +625,7 @@ extern "C" __global__ void __launch_bounds__(128) cfp4_kv_combine(const __grid_c
             t.z += x.z;
             t.w += x.w;
         }
-        const float ll = lsum;
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (size_t(b) * p.q_heads + qh) * p.head_dim + 4 * threadIdx.x;
-        out[0] = __float2bfloat16_rn(ll > 0.f ? t.x / ll : 0.f);
-        out[1] = __float2bfloat16_rn(ll > 0.f ? t.y / ll : 0.f);
-        out[2] = __float2bfloat16_rn(ll > 0.f ? t.z / ll : 0.f);
-        out[3] = __float2bfloat16_rn(ll > 0.f ? t.w / ll : 0.f);
+        store_normalized4(static_cast<__nv_bfloat16*>(p.out) + (size_t(b) * p.q_heads + qh) * p.head_dim + 4 * threadIdx.x,
+                          t, lsum);
     }
 }

@@ -180,6 +180,22 @@ struct StageCopy<false, D, NT> {
     __device__ __forceinline__ StageCopy(const uint8_t*, int, int) {}
 };
 
+// a += f * v per component (the merges' weighted sum of one split's 4 values).
+__device__ __forceinline__ void axpy4(float4& a, float f, const float4& v) {
+    a.x += f * v.x;
+    a.y += f * v.y;
+    a.z += f * v.z;
+    a.w += f * v.w;
+}
+
+// out[0..4) = t / l rounded to bf16 (0 where l is not positive: a head with no token).
+__device__ __forceinline__ void store_normalized4(__nv_bfloat16* out, const float4& t, float l) {
+    out[0] = __float2bfloat16_rn(l > 0.f ? t.x / l : 0.f);
+    out[1] = __float2bfloat16_rn(l > 0.f ? t.y / l : 0.f);
+    out[2] = __float2bfloat16_rn(l > 0.f ? t.z / l : 0.f);
+    out[3] = __float2bfloat16_rn(l > 0.f ? t.w / l : 0.f);
+}
+
 // One warp: the weights w[s] = 2^(m_s - max_s m_s) of the S splits' (m, l) pairs `ml` (0 for
 // an empty split), returned with sum_s w[s] l_s to every lane. Each lane keeps the pairs it
 // read (the first 64 splits), so one L2 round trip for both passes.
@@ -209,8 +225,8 @@ __device__ __forceinline__ float split_weights(const float2* ml, int S, int lane
 
 // Merge of the `splits` partials of heads qh0 .. qh0 + nh - 1 (global q-head index incl.
 // the batch) into out, by one CTA of THREADS threads: warp j finds head j's max and the
-// weights w_s = 2^(m_s - max) (into w[nh][splits] in shared memory; each lane keeps the
-// (m, l) pairs it read, so one L2 round trip), then every thread owns 4 consecutive d of one
+// weights w_s = 2^(m_s - max) (into w[nh][splits] in shared memory; split_weights), then
+// every thread owns 4 consecutive d of one
 // head and sums them over the splits, MU splits' float4 loads in flight at once (one round
 // trip for up to MU splits; the merge is the tail of one CTA per head group, so each round
 // trip is on the step's critical path).
@@ -246,21 +262,10 @@ __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, 
                 v[u] = s0 + u < S ? __ldcg(src + size_t(s0 + u) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
             for (int u = 0; u < MU; ++u) {
-                if (s0 + u < S) {
-                    const float f = wj[s0 + u];
-                    a.x += f * v[u].x;
-                    a.y += f * v[u].y;
-                    a.z += f * v[u].z;
-                    a.w += f * v[u].w;
-                }
+                if (s0 + u < S) axpy4(a, wj[s0 + u], v[u]);
             }
         }
-        const float ll = lsum[j];
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (qh0 + j) * D + 4 * q;
-        out[0] = __float2bfloat16_rn(ll > 0.f ? a.x / ll : 0.f);
-        out[1] = __float2bfloat16_rn(ll > 0.f ? a.y / ll : 0.f);
-        out[2] = __float2bfloat16_rn(ll > 0.f ? a.z / ll : 0.f);
-        out[3] = __float2bfloat16_rn(ll > 0.f ? a.w / ll : 0.f);
+        store_normalized4(static_cast<__nv_bfloat16*>(p.out) + (qh0 + j) * D + 4 * q, a, lsum[j]);
     }
 }
 

@@ -329,8 +329,9 @@ impl UltraQuantCache {
     /// [`append_decode`](Self::append_decode) of its k and v heads and
     /// [`decode_attention_with`](Self::decode_attention_with) on its q heads (or
     /// [`decode_attention_capacity_with`](Self::decode_attention_capacity_with) when
-    /// `capacity_splits`), bit for bit, in three kernels instead of seven. Errors, writing
-    /// nothing, when a sequence is full or the cache has no exact window.
+    /// `capacity_splits`), bit for bit, in two or three kernels (the two attention launches,
+    /// and the combine kernel where it merges the splits) instead of six or seven. Errors,
+    /// writing nothing, when a sequence is full or the cache has no exact window.
     ///
     /// [`QkvRope::forward`]: crate::rope::QkvRope::forward
     pub fn decode_rope_attention(
