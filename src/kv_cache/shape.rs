@@ -65,6 +65,27 @@ pub(crate) fn fused_merge_default(fp4: bool, total: usize) -> bool {
     fp4 && total > 8
 }
 
+/// Whether a decode-attention call merges its splits inside one thread-block cluster (the
+/// splits' CTAs exchange their partials through distributed shared memory; no partials in
+/// global memory, no combine kernel): only a single launch (no exact window's ring, whose
+/// launch writes partials of the same merge) of 2 to `max_cluster` splits on an image with
+/// clusters (`sm90`), and not where the in-kernel merge is asked for (`fused`). Then the
+/// knob `cluster`, or by default the BF16 cache only (the UltraQuant launch without a
+/// window is unmeasured). Measured: docs/benchmarks.md, twenty-eighth session.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
+pub(crate) fn cluster_merge_rule(
+    cluster: Option<bool>,
+    fused: Option<bool>,
+    fp4: bool,
+    sm90: bool,
+    ring: bool,
+    splits: usize,
+    max_cluster: usize,
+) -> bool {
+    let fits = sm90 && !ring && splits >= 2 && splits <= max_cluster;
+    fits && fused != Some(true) && cluster.unwrap_or(!fp4)
+}
+
 impl CacheShape {
     /// Checks the dimensions for a cache of `kind` on `device` (`what` names the caller in
     /// errors).
@@ -142,6 +163,10 @@ pub struct AttnKnobs {
     /// each. Read by the callers that choose between the two (the models' decode step);
     /// `None` = fused.
     pub rope_append: Option<bool>,
+    /// Merge the splits of a single launch inside one thread-block cluster (sm_90+, at most
+    /// the kernel's largest cluster of splits); `None` = the measured default
+    /// (`cluster_merge_rule`).
+    pub cluster_merge: Option<bool>,
 }
 
 /// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before
@@ -291,7 +316,74 @@ pub(crate) fn check_query(
 
 #[cfg(test)]
 mod tests {
-    use super::{fused_merge_default, ring_first_default};
+    use super::{cluster_merge_rule, fused_merge_default, ring_first_default};
+
+    #[test]
+    fn cluster_merge_only_where_one_cluster_holds_every_split() {
+        // 8B / SmolLM2 b1 512 on a BF16 cache: 9 splits, clusters of up to 16.
+        assert!(cluster_merge_rule(None, None, false, true, false, 9, 16));
+        assert!(cluster_merge_rule(None, None, false, true, false, 2, 16));
+        assert!(cluster_merge_rule(None, None, false, true, false, 16, 16));
+        assert!(!cluster_merge_rule(None, None, false, true, false, 17, 16)); // 32k: 49 splits
+        assert!(!cluster_merge_rule(None, None, false, true, false, 9, 8)); // portable only
+        assert!(!cluster_merge_rule(None, None, false, true, false, 1, 16)); // nothing to merge
+        assert!(!cluster_merge_rule(None, None, false, false, false, 9, 16)); // sm_80 image
+        assert!(!cluster_merge_rule(
+            Some(true),
+            None,
+            true,
+            true,
+            true,
+            4,
+            16
+        )); // the ring's launch
+        assert!(!cluster_merge_rule(None, None, true, true, false, 4, 16)); // UltraQuant: off
+        assert!(cluster_merge_rule(
+            Some(true),
+            None,
+            true,
+            true,
+            false,
+            4,
+            16
+        ));
+        assert!(!cluster_merge_rule(
+            Some(false),
+            None,
+            false,
+            true,
+            false,
+            9,
+            16
+        ));
+        assert!(!cluster_merge_rule(
+            None,
+            Some(true),
+            false,
+            true,
+            false,
+            9,
+            16
+        ));
+        assert!(!cluster_merge_rule(
+            Some(true),
+            Some(true),
+            false,
+            true,
+            false,
+            9,
+            16
+        ));
+        assert!(cluster_merge_rule(
+            None,
+            Some(false),
+            false,
+            true,
+            false,
+            9,
+            16
+        ));
+    }
 
     #[test]
     fn merge_rule() {

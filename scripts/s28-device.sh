@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Twenty-eighth session's device runs: $@ = steps; run through scripts/s28-call.sh (STEPS=...).
+# abcl: decode_bench with the splits merged inside a thread-block cluster (default where
+#   they fit one) / the combine kernel (CFP4_DECODE_ATTN=cluster=0), BF16-cache rows, one
+#   binary, $AB_ROUNDS rounds; logs packed.
+# Any other step is scripts/s27-device.sh's (and through it s26's, s25's: check, bench, ...).
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh
+steps=$(card_steps "$@")
+for step in $steps; do case "$step" in
+abcl)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;8b nvfp4 b32 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b1 ctx32768 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abcl "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=cluster=0" "${CL_BIN:-decode_bench}"
+    pack_logs abcl
+    ;;
+*)
+    ON_H200= bash scripts/s27-device.sh "$step"
+    ;;
+esac; done
