@@ -3,6 +3,8 @@
 # abcl: decode_bench with the splits merged inside a thread-block cluster (default where
 #   they fit one) / the combine kernel (CFP4_DECODE_ATTN=cluster=0), BF16-cache rows, one
 #   binary, $AB_ROUNDS rounds; logs packed.
+# uqctx: the UltraQuant launch's split count at 1k / 2k / 512 (heuristic / 6 / 12 splits),
+#   one binary, $AB_ROUNDS rounds: the data the split floor's rule needs.
 # Any other step is scripts/s27-device.sh's (and through it s26's, s25's: check, bench, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,12 @@ abcl)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;8b nvfp4 b32 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b1 ctx32768 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abcl "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=cluster=0" "${CL_BIN:-decode_bench}"
     pack_logs abcl
+    ;;
+uqctx)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx1024 kvuq graph;8b nvfp4 b1 ctx2048 kvuq graph;8b nvfp4 b1 ctx512 kvuq graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows uqctx "${CL_BIN:-decode_bench}" "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=splits=6" \
+        "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=splits=12"
+    pack_logs uqctx
     ;;
 *)
     ON_H200= bash scripts/s27-device.sh "$step"

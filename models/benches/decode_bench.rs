@@ -65,6 +65,8 @@ struct Case {
     graph: bool,
     /// GEMVs launched with PDL (`LoadOptions::knobs.gemv.pdl`).
     pdl: bool,
+    /// Run only when `CFP4_DECODE_ONLY` names it exactly (an experiment's row, not the table's).
+    extra: bool,
 }
 
 struct Row {
@@ -340,6 +342,8 @@ fn cases() -> Vec<Case> {
             batch,
             graph,
             pdl,
+            // Contexts between the table's 512 and 32k: split-count experiments' rows.
+            extra: ctx != 512 && ctx != 32768,
         });
     };
 
@@ -369,6 +373,10 @@ fn cases() -> Vec<Case> {
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
     add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);
     add("70b nvfp4", LLAMA_70B, true, Bf16, 512, 1, true, true);
+    for ctx in [1024, 2048, 4096] {
+        add("8b nvfp4", LLAMA_8B, true, UltraQuant, ctx, 1, true, true);
+        add("8b nvfp4", LLAMA_8B, true, Bf16, ctx, 1, true, true);
+    }
     v
 }
 
@@ -383,7 +391,10 @@ fn main() -> Result<()> {
         Some(exact) => name == exact,
         None => name.contains(&only),
     };
-    for c in cases().iter().filter(|c| pick(&c.name)) {
+    for c in cases()
+        .iter()
+        .filter(|c| pick(&c.name) && (!c.extra || only.strip_prefix('=') == Some(&c.name)))
+    {
         match ours(c, &dev) {
             Ok(r) => {
                 eprintln!("{}: {:.3} ms/step", r.name, r.step.as_secs_f64() * 1e3);
