@@ -355,6 +355,42 @@ fn attention_exact_window() {
     }
 }
 
+/// On sm_90+ every cache is planned with thread-block clusters of at least 9 CTAs, so the
+/// cluster merge serves the decode step's 9 splits at 512 context (8B / SmolLM2 shapes) and
+/// the tests' forced cluster variants (2–16 splits) do run it; the test fails if the plan
+/// silently falls back to the combine kernel.
+#[test]
+fn clusters_are_planned_on_sm90() {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    let Device::Cuda(cd) = gpu() else {
+        unreachable!()
+    };
+    let major = cd
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .unwrap();
+    for kind in [KvCacheKind::Bf16, KvCacheKind::UltraQuant] {
+        for d in [64, 128, 256] {
+            let sh = CacheShape {
+                batch: 2,
+                capacity: 64,
+                kv_heads: 2,
+                head_dim: d,
+            };
+            let n = KvCache::new(kind, sh, &gpu())
+                .unwrap()
+                .planned_max_cluster();
+            println!("{kind:?} head_dim {d}: clusters of up to {n} CTAs");
+            if major >= 9 {
+                assert!(n >= 9, "{kind:?} head_dim {d}: clusters of {n}");
+            } else {
+                assert_eq!(n, 1, "{kind:?} head_dim {d}: no clusters before sm_90");
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_long_context() {
     let sh = CacheShape {
