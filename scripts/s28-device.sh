@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-eighth session's device runs: $@ = steps; run through scripts/s28-call.sh (STEPS=...).
-# abcl: decode_bench with the splits merged inside a thread-block cluster (default where
-#   they fit one) / the combine kernel (CFP4_DECODE_ATTN=cluster=0), BF16-cache rows, one
+# abcl: decode_bench with the combine kernel (CFP4_DECODE_ATTN=cluster=0) / the splits
+#   merged inside a thread-block cluster where they fit one (cluster=1), BF16-cache rows, one
 #   binary, $AB_ROUNDS rounds; logs packed.
 # uqctx: the UltraQuant launch's split count at 1k / 2k / 512 (heuristic / 6 / 12 splits),
 #   one binary, $AB_ROUNDS rounds: the data the split floor's rule needs.
@@ -13,7 +13,7 @@ steps=$(card_steps "$@")
 for step in $steps; do case "$step" in
 abcl)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;8b nvfp4 b32 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b1 ctx32768 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abcl "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=cluster=0" "${CL_BIN:-decode_bench}"
+        AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows abcl "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=cluster=0" "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=cluster=1"
     pack_logs abcl
     ;;
 uqctx)

@@ -126,10 +126,9 @@ fn knobs(splits: Option<usize>, fused_merge: Option<bool>, pdl: Option<bool>) ->
 }
 
 /// BF16 cache: heads (nt 1 and 2 kernels, head_dim 64 / 80 / 128) and the launch variants
-/// that change who advances the lengths: heuristic and capacity-planned splits (the cluster
-/// merge where they fit one cluster, else the combine kernel), one split (the lengths
-/// kernel), the in-kernel merge, the cluster merge forced at 4 and 16 splits, the combine
-/// kernel forced, PDL off.
+/// that change who advances the lengths: heuristic and capacity-planned splits (the
+/// default merge), one split (the lengths kernel), the in-kernel merge, the cluster merge at
+/// 4 and 16 splits, the combine kernel, PDL off.
 #[test]
 fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
     let gpu = Device::new_cuda(0)?;

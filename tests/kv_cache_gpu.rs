@@ -201,8 +201,8 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         ring(false, Some(false), None),
         ring(false, Some(true), None),
         ring(false, None, Some(false)),
-        // Merged inside a thread-block cluster (the BF16 default where the splits fit one;
-        // forced on an UltraQuant cache without a window), at 2, 3 and 16 splits, and off.
+        // Merged inside a thread-block cluster (BF16, and an UltraQuant cache without a
+        // window), at 2, 3 and 16 splits, and off.
         AttnKnobs {
             cluster_merge: Some(true),
             ..opt(Some(2), None, None)

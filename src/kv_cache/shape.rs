@@ -65,13 +65,18 @@ pub(crate) fn fused_merge_default(fp4: bool, total: usize) -> bool {
     fp4 && total > 8
 }
 
+/// Whether [`cluster_merge_rule`] merges a BF16 cache's splits in a cluster when the knob is
+/// not set.
+const CLUSTER_MERGE_BY_DEFAULT: bool = false;
+
 /// Whether a decode-attention call merges its splits inside one thread-block cluster (the
 /// splits' CTAs exchange their partials through distributed shared memory; no partials in
 /// global memory, no combine kernel): only a single launch (no exact window's ring, whose
 /// launch writes partials of the same merge) of 2 to `max_cluster` splits on an image with
 /// clusters (`sm90`), and not where the in-kernel merge is asked for (`fused`). Then the
-/// knob `cluster`, or by default the BF16 cache only (the UltraQuant launch without a
-/// window is unmeasured). Measured: docs/benchmarks.md, twenty-eighth session.
+/// knob `cluster`; off by default until a GPU run has measured it (twenty-eighth session:
+/// built and checked under the host emulation, no device time; the candidate default is
+/// the BF16 cache, `docs/logs/s28/`).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn cluster_merge_rule(
     cluster: Option<bool>,
@@ -83,7 +88,7 @@ pub(crate) fn cluster_merge_rule(
     max_cluster: usize,
 ) -> bool {
     let fits = sm90 && !ring && splits >= 2 && splits <= max_cluster;
-    fits && fused != Some(true) && cluster.unwrap_or(!fp4)
+    fits && fused != Some(true) && cluster.unwrap_or(CLUSTER_MERGE_BY_DEFAULT && !fp4)
 }
 
 impl CacheShape {
@@ -321,13 +326,15 @@ mod tests {
     #[test]
     fn cluster_merge_only_where_one_cluster_holds_every_split() {
         // 8B / SmolLM2 b1 512 on a BF16 cache: 9 splits, clusters of up to 16.
-        assert!(cluster_merge_rule(None, None, false, true, false, 9, 16));
-        assert!(cluster_merge_rule(None, None, false, true, false, 2, 16));
-        assert!(cluster_merge_rule(None, None, false, true, false, 16, 16));
-        assert!(!cluster_merge_rule(None, None, false, true, false, 17, 16)); // 32k: 49 splits
-        assert!(!cluster_merge_rule(None, None, false, true, false, 9, 8)); // portable only
-        assert!(!cluster_merge_rule(None, None, false, true, false, 1, 16)); // nothing to merge
-        assert!(!cluster_merge_rule(None, None, false, false, false, 9, 16)); // sm_80 image
+        let on = Some(true);
+        assert!(!cluster_merge_rule(None, None, false, true, false, 9, 16)); // off by default
+        assert!(cluster_merge_rule(on, None, false, true, false, 9, 16));
+        assert!(cluster_merge_rule(on, None, false, true, false, 2, 16));
+        assert!(cluster_merge_rule(on, None, false, true, false, 16, 16));
+        assert!(!cluster_merge_rule(on, None, false, true, false, 17, 16)); // 32k: 49 splits
+        assert!(!cluster_merge_rule(on, None, false, true, false, 9, 8)); // portable only
+        assert!(!cluster_merge_rule(on, None, false, true, false, 1, 16)); // nothing to merge
+        assert!(!cluster_merge_rule(on, None, false, false, false, 9, 16)); // sm_80 image
         assert!(!cluster_merge_rule(
             Some(true),
             None,
@@ -375,7 +382,7 @@ mod tests {
             16
         ));
         assert!(cluster_merge_rule(
-            None,
+            on,
             Some(false),
             false,
             true,
