@@ -491,10 +491,6 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
     }
     __syncthreads();
     const float unbias = FP4 ? 0x1p62f : 1.f;
-    // Cluster merge: this CTA's partial stays in shared memory (o where q was, (m, l) per head).
-    const bool in_cluster = p.cluster > 1;
-    float* cpo = qs;
-    float* cml = reinterpret_cast<float*>(smem + C::CML_OFF);
     for (int idx = threadIdx.x; idx < C::HC * D; idx += C::THREADS) {
         const int j = idx / D, d = idx - j * D;
         if (head0 + j >= p.group) continue;
@@ -515,12 +511,6 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         const size_t qh = size_t(b) * p.q_heads + size_t(kvh) * p.group + head0 + j;
         if (p.part_splits == 1) {
             static_cast<__nv_bfloat16*>(p.out)[qh * D + d] = __float2bfloat16_rn(ll > 0.f ? acc / ll : 0.f);
-        } else if (in_cluster) {
-            cpo[idx] = acc;
-            if (d == 0) {
-                cml[2 * j] = mm;
-                cml[2 * j + 1] = ll;
-            }
         } else {
             const size_t ps = qh * p.part_splits + p.split_base + split;
             p.part_o[ps * D + d] = acc;
@@ -529,11 +519,6 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                 p.part_ml[2 * ps + 1] = ll;
             }
         }
-    }
-    if (in_cluster) {
-        cluster_merge<D, C::HC, C::THREADS>(p, cpo, cml, size_t(b) * p.q_heads + size_t(kvh) * p.group + head0,
-                                            min(C::HC, p.group - head0), fuse, len_old);
-        return;
     }
     if (p.part_splits > 1 && p.counters != nullptr) {
         // The last CTA of this (sequence, head group) to finish, over every launch writing

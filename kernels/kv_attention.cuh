@@ -78,9 +78,7 @@ struct Cfg {
     static constexpr int REDO_BYTES = NW * HC * D * 4;
     static constexpr int QS_OFF = STAGES_BYTES > REDO_BYTES ? STAGES_BYTES : REDO_BYTES;
     static constexpr int RED_OFF = QS_OFF + HC * D * 4;
-    // The cluster merge's (max, sum) pair per head (the partial itself goes where q was).
-    static constexpr int CML_OFF = RED_OFF + 2 * NW * HC * 4;
-    static constexpr int SMEM = CML_OFF + 2 * HC * 4;  // read by the host through cfp4_kv_attn_configs
+    static constexpr int SMEM = RED_OFF + 2 * NW * HC * 4;  // read by the host through cfp4_kv_attn_configs
 };
 
 // V codes / V scales offsets in an UltraQuant slot.
@@ -269,65 +267,6 @@ __device__ __forceinline__ void merge_splits(const KvAttnParams& p, size_t qh0, 
         }
         store_normalized4(static_cast<__nv_bfloat16*>(p.out) + (qh0 + j) * D + 4 * q, a, lsum[j]);
     }
-}
-
-// Largest cluster the cluster merge takes (the host clamps to it; 16 is the largest
-// non-portable cluster on sm_90).
-#define CFP4_KV_MAX_CLUSTER 16
-
-// Merge of the S = gridDim.x splits of one (sequence, head group) by the CTAs of their
-// cluster (split s = rank s): each CTA's unnormalized partial of its nh heads is in its own
-// shared memory (o at `po` [HC][D], (max, sum) pairs at `ml` [HC]); after one cluster
-// barrier the CTAs share out the (head, 4 d) items, each thread reading its item's S pairs
-// and S float4 partials over DSMEM at once (one round trip), and write the bf16 output
-// (out row qh0 + j). The same weights and sums as split_weights and merge_splits, in the
-// same FP32 order. A second barrier keeps every CTA's shared memory until all have read it.
-// advance (the fused decode step): the cluster's rank 0 counts its group in on the
-// sequence's counter (after the groups' counters, as the in-kernel merge), and the last
-// group advances the length, which every CTA of the sequence has read by then.
-template <int D, int HC, int THREADS>
-__device__ __forceinline__ void cluster_merge(const KvAttnParams& p, const float* po, const float* ml, size_t qh0,
-                                              int nh, bool advance, int len_old) {
-    static_assert(D % 4 == 0, "float4 rows");
-    constexpr int Q = D / 4, MC = CFP4_KV_MAX_CLUSTER;
-    const int S = int(gridDim.x), rank = int(blockIdx.x);
-    if (S > MC) __trap();
-    cluster_sync();  // every CTA's partial is in its shared memory
-    if (advance && rank == 0 && threadIdx.x == 0) {
-        uint32_t* seq = p.counters + size_t(gridDim.z) * gridDim.y + blockIdx.z;
-        if (atomicAdd(seq, 1u) == gridDim.y - 1) {
-            *seq = 0u;
-            const_cast<uint32_t*>(p.lens)[blockIdx.z] = uint32_t(len_old + 1);
-        }
-    }
-    for (int it = int(threadIdx.x) * S + rank; it < nh * Q; it += THREADS * S) {
-        const int j = it / Q, q = it - j * Q;
-        float2 c[MC];
-        float4 v[MC];
-#pragma unroll
-        for (int s = 0; s < MC; ++s) {
-            if (s < S) {
-                c[s] = *cluster_map(reinterpret_cast<const float2*>(ml) + j, uint32_t(s));
-                v[s] = *cluster_map(reinterpret_cast<const float4*>(po) + j * Q + q, uint32_t(s));
-            }
-        }
-        float mm = neg_inf();
-#pragma unroll
-        for (int s = 0; s < MC; ++s)
-            if (s < S) mm = fmaxf(mm, c[s].x);
-        float ll = 0.f;
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int s = 0; s < MC; ++s) {
-            if (s < S) {
-                const float f = (c[s].x == neg_inf() || mm == neg_inf()) ? 0.f : exp2f(c[s].x - mm);
-                ll += f * c[s].y;
-                axpy4(a, f, v[s]);
-            }
-        }
-        store_normalized4(static_cast<__nv_bfloat16*>(p.out) + (qh0 + j) * D + 4 * q, a, ll);
-    }
-    cluster_sync();  // the other CTAs are done reading this one's shared memory
 }
 
 }  // namespace

@@ -77,30 +77,6 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Thread-block clusters (sm_90+; the host launches clusters only from sm_90 images, so
-// the sm_80 image traps): a barrier of every thread of the cluster, whose arrive releases
-// and whose wait acquires this CTA's and the others' shared-memory writes, and the
-// address of the same shared variable in the cluster's CTA `rank` (DSMEM: a generic load
-// reads it).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-template <class T>
-__device__ __forceinline__ const T* cluster_map(const T* p, uint32_t rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t d;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(d) : "l"(p), "r"(rank));
-    return reinterpret_cast<const T*>(d);
-#else
-    __trap();
-    return p;
-#endif
-}
-
 // Bytes of dynamic shared memory this launch has.
 __device__ __forceinline__ uint32_t dynamic_smem_size() {
     uint32_t dyn;

@@ -42,8 +42,6 @@ struct UqReadParams {
 // cfp4_kv_combine merges them (counters == null) or the last CTA of each (sequence, head
 // group) to finish, over all launches writing the partials, merges them itself (counters:
 // one per grid (y, z), zero before the first launch; the last CTA resets its counter).
-// A single launch whose splits fit one thread-block cluster (cluster > 1) merges them in
-// the cluster instead: no partials, no combine kernel.
 // Exact window (win > 0): the UltraQuant launch attends over tokens 0 .. len - win, and a
 // BF16 launch over a ring of `win` rows (capacity = win) holding the last min(len, win)
 // tokens unrotated; both write partials of the same merge. The ring launch may come second
@@ -90,12 +88,7 @@ struct KvAttnParams {
     const void* sin;         // offset 128: bf16, same shape
     int max_pos;             // offset 136: rows of cos / sin (a position past them reads the last)
     float store_c;           // offset 140: UltraQuant scale constant of the in-kernel store
-    int cluster;             // offset 144: > 1 (sm_90 images): the launch is clusters of
-                             //   cluster = splits = part_splits CTAs along x, which merge their
-                             //   splits in the cluster (shared memory, no partials, no
-                             //   combine; counters: fused, the per-sequence counters only)
-    int pad2;                // offset 148
-};                           // size 152
+};                           // size 144
 
 // Merge of the split partials: out[b][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s,
 // w_s = 2^(m_s - max_s m_s). Grid (q_heads, batch).

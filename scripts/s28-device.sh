@@ -5,6 +5,8 @@
 #   binary, $AB_ROUNDS rounds; logs packed.
 # uqctx: the UltraQuant launch's split count at 1k / 2k / 512 (heuristic / 6 / 12 splits),
 #   one binary, $AB_ROUNDS rounds: the data the split floor's rule needs.
+# abfloor: decode_bench (the cluster build, its cluster merge off) / decode_bench_new (the
+#   UltraQuant split floor), UltraQuant rows and one BF16-cache control row.
 # Any other step is scripts/s27-device.sh's (and through it s26's, s25's: check, bench, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,11 @@ uqctx)
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows uqctx "${CL_BIN:-decode_bench}" "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=splits=6" \
         "${CL_BIN:-decode_bench} CFP4_DECODE_ATTN=splits=12"
     pack_logs uqctx
+    ;;
+abfloor)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b1 ctx1024 kvuq graph;smollm2 nvfp4 b1 ctx512 kvuq graph;8b nvfp4 b8 ctx512 kvuq graph;8b nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abfloor "decode_bench CFP4_DECODE_ATTN=cluster=0" decode_bench_new
+    pack_logs abfloor
     ;;
 *)
     ON_H200= bash scripts/s27-device.sh "$step"

@@ -94,9 +94,6 @@ pub(crate) struct KvAttnParams {
     pub sin: u64,
     pub max_pos: i32,
     pub store_c: f32,
-    /// > 1: clusters of `cluster` = splits CTAs merge their splits in the cluster.
-    pub cluster: i32,
-    pub pad2: i32,
 }
 
 /// `KvCombineParams` of `kernels/ultraquant.cuh` (merge of the attention splits).
@@ -457,9 +454,7 @@ mod tests {
         assert_eq!(offset_of!(KvAttnParams, sin), 128);
         assert_eq!(offset_of!(KvAttnParams, max_pos), 136);
         assert_eq!(offset_of!(KvAttnParams, store_c), 140);
-        assert_eq!(offset_of!(KvAttnParams, cluster), 144);
-        assert_eq!(offset_of!(KvAttnParams, pad2), 148);
-        assert_eq!(size_of::<KvAttnParams>(), 152);
+        assert_eq!(size_of::<KvAttnParams>(), 144);
 
         assert_eq!(offset_of!(KvCombineParams, part_o), 0);
         assert_eq!(offset_of!(KvCombineParams, part_ml), 8);
@@ -492,9 +487,7 @@ mod tests {
             "const void* sin;         // offset 128",
             "int max_pos;             // offset 136",
             "float store_c;           // offset 140",
-            "int cluster;             // offset 144",
-            "int pad2;                // offset 148",
-            "};                           // size 152",
+            "};                           // size 144",
             "uint32_t* lens;          // offset 40",
             "};                           // size 48",
             "int head_dim;            // offset 32",

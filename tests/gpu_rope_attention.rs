@@ -126,9 +126,8 @@ fn knobs(splits: Option<usize>, fused_merge: Option<bool>, pdl: Option<bool>) ->
 }
 
 /// BF16 cache: heads (nt 1 and 2 kernels, head_dim 64 / 80 / 128) and the launch variants
-/// that change who advances the lengths: heuristic and capacity-planned splits (the
-/// default merge), one split (the lengths kernel), the in-kernel merge, the cluster merge at
-/// 4 and 16 splits, the combine kernel, PDL off.
+/// that change who advances the lengths: heuristic and capacity-planned splits with the
+/// combine kernel, one split and the in-kernel merge (the lengths kernel), PDL off.
 #[test]
 fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
     let gpu = Device::new_cuda(0)?;
@@ -138,30 +137,6 @@ fn rope_in_attention_equals_rope_then_attention() -> candle_core::Result<()> {
         ("one split", knobs(Some(1), None, None), true),
         ("in-kernel merge", knobs(Some(3), Some(true), None), false),
         ("no PDL", knobs(None, None, Some(false)), true),
-        (
-            "cluster merge, 4 splits",
-            AttnKnobs {
-                cluster_merge: Some(true),
-                ..knobs(Some(4), None, None)
-            },
-            false,
-        ),
-        (
-            "cluster merge, 16 splits, no PDL",
-            AttnKnobs {
-                cluster_merge: Some(true),
-                ..knobs(Some(16), None, Some(false))
-            },
-            false,
-        ),
-        (
-            "combine kernel",
-            AttnKnobs {
-                cluster_merge: Some(false),
-                ..knobs(None, None, None)
-            },
-            false,
-        ),
     ];
     let make = |sh| KvCache::new(KvCacheKind::Bf16, sh, &gpu);
     for heads in [

@@ -201,24 +201,6 @@ fn check_attention(a: &KvCache, g: &KvCache, q_heads: usize, seed: u64, what: &s
         ring(false, Some(false), None),
         ring(false, Some(true), None),
         ring(false, None, Some(false)),
-        // Merged inside a thread-block cluster (BF16, and an UltraQuant cache without a
-        // window), at 2, 3 and 16 splits, and off.
-        AttnKnobs {
-            cluster_merge: Some(true),
-            ..opt(Some(2), None, None)
-        },
-        AttnKnobs {
-            cluster_merge: Some(true),
-            ..opt(Some(3), None, Some(false))
-        },
-        AttnKnobs {
-            cluster_merge: Some(true),
-            ..opt(Some(16), None, None)
-        },
-        AttnKnobs {
-            cluster_merge: Some(false),
-            ..opt(None, None, None)
-        },
     ];
     for o in opts {
         let out = g.decode_attention_with(&qg, &o).unwrap();
@@ -351,42 +333,6 @@ fn attention_exact_window() {
                 11 + wi as u64,
                 &format!("UltraQuant d={d} window={w}"),
             );
-        }
-    }
-}
-
-/// On sm_90+ every cache is planned with thread-block clusters of at least 9 CTAs, so the
-/// cluster merge serves the decode step's 9 splits at 512 context (8B / SmolLM2 shapes) and
-/// the tests' forced cluster variants (2–16 splits) do run it; the test fails if the plan
-/// silently falls back to the combine kernel.
-#[test]
-fn clusters_are_planned_on_sm90() {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-    let Device::Cuda(cd) = gpu() else {
-        unreachable!()
-    };
-    let major = cd
-        .cuda_stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-        .unwrap();
-    for kind in [KvCacheKind::Bf16, KvCacheKind::UltraQuant] {
-        for d in [64, 128, 256] {
-            let sh = CacheShape {
-                batch: 2,
-                capacity: 64,
-                kv_heads: 2,
-                head_dim: d,
-            };
-            let n = KvCache::new(kind, sh, &gpu())
-                .unwrap()
-                .planned_max_cluster();
-            println!("{kind:?} head_dim {d}: clusters of up to {n} CTAs");
-            if major >= 9 {
-                assert!(n >= 9, "{kind:?} head_dim {d}: clusters of {n}");
-            } else {
-                assert_eq!(n, 1, "{kind:?} head_dim {d}: no clusters before sm_90");
-            }
         }
     }
 }

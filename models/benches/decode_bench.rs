@@ -124,10 +124,9 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
     })
 }
 
-/// `CFP4_DECODE_ATTN=splits=N,fused=0|1,ring=0|1,append=0|1,cluster=0|1`: the decode
-/// attention's knobs for every row (an experiment's sweep; unset: the planned defaults).
-/// `ring`: the exact window's ring launched first; `append`: the rope and append inside the
-/// attention; `cluster`: the splits merged inside a thread-block cluster.
+/// `CFP4_DECODE_ATTN=splits=N,fused=0|1,ring=0|1,append=0|1`: the decode attention's knobs
+/// for every row (an experiment's sweep; unset: the planned defaults). `ring`: the exact
+/// window's ring launched first; `append`: the rope and append inside the attention.
 fn attn_knobs() -> Result<candle_fp4::kv_cache::AttnKnobs> {
     let mut k = candle_fp4::kv_cache::AttnKnobs::default();
     let Ok(v) = std::env::var("CFP4_DECODE_ATTN") else {
@@ -139,9 +138,8 @@ fn attn_knobs() -> Result<candle_fp4::kv_cache::AttnKnobs> {
             Some(("fused", b)) => k.fused_merge = Some(b == "1"),
             Some(("ring", b)) => k.ring_first = Some(b == "1"),
             Some(("append", b)) => k.rope_append = Some(b == "1"),
-            Some(("cluster", b)) => k.cluster_merge = Some(b == "1"),
             _ => anyhow::bail!(
-                "CFP4_DECODE_ATTN: `{item}` is not splits=N, fused=0|1, ring=0|1, append=0|1 or cluster=0|1"
+                "CFP4_DECODE_ATTN: `{item}` is not splits=N, fused=0|1, ring=0|1 or append=0|1"
             ),
         }
     }

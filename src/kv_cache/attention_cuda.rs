@@ -8,7 +8,7 @@
 use super::cuda::{check_slots, launch_lens_update};
 use super::ops::{range, ExactWindow, KvAttention};
 use super::plan::{AttnKernel, AttnPlan};
-use super::shape::{cluster_merge_rule, fused_merge_default, ring_first_default, KvCacheKind};
+use super::shape::{auto_splits, fused_merge_default, ring_first_default, KvCacheKind};
 use crate::cuda::{launch, Launch};
 use crate::kernel_params::{KvAttnParams, KvCombineParams, KvLensParams};
 use candle_core::backend::BackendStorage;
@@ -24,13 +24,6 @@ unsafe impl DeviceRepr for KvCombineParams {}
 
 /// Largest split count `cfp4_kv_combine` takes (`CFP4_KV_MAX_SPLITS` in the .cu).
 const MAX_SPLITS: usize = 1024;
-/// Splits per (sequence, KV head): `floor(resident / base)` (one wave of `resident` CTAs),
-/// but at least one 16-token tile per warp.
-fn auto_splits(max_len: usize, base_ctas: usize, resident_ctas: usize, nw: usize) -> usize {
-    let target = resident_ctas / base_ctas.max(1);
-    let by_len = max_len.div_ceil(16 * nw);
-    target.min(by_len).clamp(1, MAX_SPLITS)
-}
 
 /// Launches attention kernel `f` on BF16 K and V held as `s[a..a + half]` and
 /// `s[a + half..a + 2·half]` (`what` names them in errors), keeping both pointers' stream
@@ -138,7 +131,7 @@ pub(crate) fn kv_attention_cuda(
             } else {
                 main.per_sm * plan.sms
             };
-            auto_splits(max_len, sh.batch * main_y, resident, main.nw)
+            auto_splits(max_len, sh.batch * main_y, resident, main.nw, fp4).min(MAX_SPLITS)
         }
     };
     // The ring's splits: one per 16-token tile per warp of the BF16 kernel.
@@ -207,18 +200,7 @@ pub(crate) fn kv_attention_cuda(
     // weights in every launching kernel's shared memory), or by cfp4_kv_combine.
     let nh = 4 * nt;
     let fits = |k: &AttnKernel| (nh * total + nh) * 4 <= k.smem;
-    // Or inside one thread-block cluster of the splits' CTAs (no partials, no combine).
-    let cluster = cluster_merge_rule(
-        op.opts.cluster_merge,
-        op.opts.fused_merge,
-        fp4,
-        plan.sm90,
-        ring_kernel.is_some(),
-        splits,
-        main.max_cluster,
-    );
-    let fused = !cluster
-        && total > 1
+    let fused = total > 1
         && op
             .opts
             .fused_merge
@@ -265,9 +247,8 @@ pub(crate) fn kv_attention_cuda(
         splits: splits as i32,
         head_dim: d as i32,
         win: w as i32,
-        // The cluster merge uses the per-sequence counters only (fused rope and append).
         counters: match scratch {
-            Some(s) if fused || (cluster && op.rope.is_some()) => s.counters,
+            Some(s) if fused => s.counters,
             _ => 0,
         },
         split_base: ring_splits as i32,
@@ -279,8 +260,6 @@ pub(crate) fn kv_attention_cuda(
         sin: op.rope.as_ref().map_or(0, |r| r.sin),
         max_pos: op.rope.as_ref().map_or(1, |r| r.max_pos) as i32,
         store_c: crate::ultraquant::DEFAULT_CONSTANT_C,
-        cluster: if cluster { splits as i32 } else { 0 },
-        pad2: 0,
     };
     let grid = |s: usize, y: usize| (s as u32, y as u32, sh.batch as u32);
     // The exact window's ring: before the UltraQuant launch, or after it (late_wait: under
@@ -316,7 +295,6 @@ pub(crate) fn kv_attention_cuda(
             let l = rk.launch(
                 grid(ring_splits, sh.kv_heads * chunks),
                 if late { pdl } else { early_pdl },
-                1,
             );
             unsafe { launch_bf16_kv(&stream, "exact window ring", ring, *a, *half, &rk.f, l, p)? };
         }
@@ -337,7 +315,7 @@ pub(crate) fn kv_attention_cuda(
             launch(
                 &stream,
                 &main.f,
-                main.launch(grid(splits, main_y), main_pdl, p.cluster.max(1) as u32),
+                main.launch(grid(splits, main_y), main_pdl),
                 &p,
             )?
         };
@@ -353,13 +331,13 @@ pub(crate) fn kv_attention_cuda(
             )
         }
         let s = kv.as_cuda_slice::<bf16>()?;
-        let l = main.launch(grid(splits, main_y), main_pdl, params.cluster.max(1) as u32);
+        let l = main.launch(grid(splits, main_y), main_pdl);
         unsafe { launch_bf16_kv(&stream, "BF16 cache", s, a, half, &main.f, l, params)? };
     }
     if !ring_first {
         launch_ring(true)?;
     }
-    if let (Some(sc), false, false) = (scratch, fused, cluster) {
+    if let (Some(sc), false) = (scratch, fused) {
         let fc = &plan.combine;
         let cp = KvCombineParams {
             part_o: sc.part_o,

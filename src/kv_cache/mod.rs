@@ -290,17 +290,6 @@ impl KvCache {
         }
     }
 
-    /// Tests only: the largest thread-block cluster the cache's attention was planned with
-    /// (the split merge runs inside one cluster of up to that many splits; 1: no clusters,
-    /// as on the CPU or an sm_80 image).
-    #[doc(hidden)]
-    pub fn planned_max_cluster(&self) -> usize {
-        match self {
-            Self::Bf16(c) => c.plan.max_cluster(),
-            Self::UltraQuant(c) => c.plan.max_cluster(),
-        }
-    }
-
     /// Benchmarks only: sets every sequence's length to `lens` (device and host) without
     /// writing any token, so a decode benchmark runs at a long context without prefilling
     /// it; the tokens in between read as whatever the storage holds (zeros in a new cache).

@@ -13,18 +13,6 @@ pub(crate) struct PlanRef {
     pub(crate) cuda: Option<std::sync::Arc<super::plan::AttnPlan>>,
 }
 
-impl PlanRef {
-    /// The largest thread-block cluster of the plan's main attention kernel (query-head tile
-    /// 1); 1 without clusters (an sm_80 image, the CPU, no CUDA).
-    pub(crate) fn max_cluster(&self) -> usize {
-        #[cfg(feature = "cuda")]
-        if let Some(p) = &self.cuda {
-            return p.main[0].as_ref().map_or(1, |k| k.max_cluster);
-        }
-        1
-    }
-}
-
 /// The plan of a cache of `kind` and `shape` on `device` (with an exact window or not):
 /// on a GPU every kernel it will launch, resolved now.
 #[cfg(feature = "cuda")]

@@ -9,7 +9,7 @@ use crate::variants::{
     kv_attn_count, kv_attn_has, kv_attn_index, kv_attn_kernel_name, kv_head_dims,
 };
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaStream, DevicePtrMut, DeviceRepr,
+    CudaFunction, CudaStream, DevicePtrMut, DeviceRepr,
 };
 use candle_core::{bail, CudaDevice, Result};
 use std::collections::HashMap;
@@ -69,46 +69,14 @@ fn kernel_configs(dev: &CudaDevice, loaded: &Loaded) -> Result<Arc<Vec<i32>>> {
     Ok(c)
 }
 
-/// One attention kernel with its warps per CTA, dynamic shared memory, resident CTAs
-/// per SM and largest thread-block cluster (1: no clusters).
+/// One attention kernel with its warps per CTA, dynamic shared memory and resident CTAs
+/// per SM.
 #[derive(Debug, Clone)]
 pub(crate) struct AttnKernel {
     pub f: CudaFunction,
     pub nw: usize,
     pub smem: usize,
     pub per_sm: usize,
-    pub max_cluster: usize,
-}
-
-/// Largest cluster the cluster merge takes (`CFP4_KV_MAX_CLUSTER` in kv_attention.cuh).
-const MAX_CLUSTER: usize = 16;
-
-/// The largest cluster of `f`'s CTAs (`threads`, `smem` bytes) the device can hold at once,
-/// non-portable sizes (above 8) allowed, at most [`MAX_CLUSTER`]. The caller bound the
-/// context to this thread.
-fn max_cluster(f: &CudaFunction, threads: u32, smem: usize) -> Result<usize> {
-    f.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-        1,
-    )
-    .map_err(|e| cuda_err("cuFuncSetAttribute(non-portable cluster size)", e))?;
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: MAX_CLUSTER as u32,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: threads,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem as u32,
-        hStream: std::ptr::null_mut(),
-        attrs: std::ptr::null_mut(),
-        numAttrs: 0,
-    };
-    let mut n: std::ffi::c_int = 0;
-    unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut n, f.cu_function(), &cfg) }
-        .result()
-        .map_err(|e| cuda_err("cuOccupancyMaxPotentialClusterSize", e))?;
-    Ok((n.max(1) as usize).min(MAX_CLUSTER))
 }
 
 impl AttnKernel {
@@ -119,7 +87,6 @@ impl AttnKernel {
         fp4: bool,
         d: usize,
         nt: usize,
-        clusters: bool,
     ) -> Result<Self> {
         const OP: &str = "decode attention (cuda)";
         let Some(i) = kv_attn_index(fp4, d, nt) else {
@@ -137,26 +104,19 @@ impl AttnKernel {
             .occupancy_max_active_blocks_per_multiprocessor((nw * 32) as u32, smem, None)
             .map_err(|e| cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?
             .max(1) as usize;
-        let max_cluster = if clusters {
-            max_cluster(&f, (nw * 32) as u32, smem)?
-        } else {
-            1
-        };
         Ok(Self {
             f,
             nw,
             smem,
             per_sm,
-            max_cluster,
         })
     }
 
-    /// The launch of `grid` (clusters of `cluster` CTAs along x; 1: none).
-    pub(crate) fn launch(&self, grid: (u32, u32, u32), pdl: bool, cluster: u32) -> Launch {
+    pub(crate) fn launch(&self, grid: (u32, u32, u32), pdl: bool) -> Launch {
         Launch {
             grid,
             block: (self.nw * 32) as u32,
-            cluster,
+            cluster: 1,
             pdl,
             smem: self.smem as u32,
         }
@@ -206,18 +166,11 @@ impl AttnPlan {
         let loaded = module(dev, KernelFile::KvAttention, f.image)?;
         let format = module(dev, KernelFile::Ultraquant, f.image)?;
         let configs = kernel_configs(dev, &loaded)?;
-        let clusters = loaded.image.has_sm90_features();
-        if clusters {
-            dev.cuda_stream()
-                .context()
-                .bind_to_thread()
-                .map_err(|e| cuda_err("binding the CUDA context", e))?;
-        }
         let get = |fp4: bool, nt: usize| -> Result<Option<AttnKernel>> {
             if !kv_attn_has(fp4, d, nt) {
                 return Ok(None);
             }
-            AttnKernel::new(&loaded, &configs, f.smem_optin, fp4, d, nt, clusters).map(Some)
+            AttnKernel::new(&loaded, &configs, f.smem_optin, fp4, d, nt).map(Some)
         };
         let ring = if fp4 && window {
             [get(false, 1)?, get(false, 2)?]

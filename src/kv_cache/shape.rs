@@ -52,6 +52,32 @@ pub(crate) fn ring_first_default(
     !(ring_ctas <= free || fp4_tokens_per_cta >= 6144)
 }
 
+/// Splits per (sequence, KV head) when the call does not force them: `floor(resident / base)`
+/// (one wave of `resident` CTAs), but at most one per 16-token tile per warp (`by_len`). On
+/// an UltraQuant cache (`fp4`) at least `min(6, one wave, one 64-token range each)`:
+/// measured on the H100 (docs/logs/s27/README.md call 10, docs/logs/s28/ call 2), 8B b1, six
+/// splits beat the tile bound's 2 at 512 context by 18–39 µs per step (five rounds) and its
+/// 4 at 1k by 9–12 µs; twelve lose at both. (At 2k six also beat the tile bound's 8 by
+/// 18–20 µs, which this floor does not take: unmeasured between 2k and 32k, where 16 is the
+/// best measured.) Batch 8 and up: one wave is at most 2 splits, unchanged.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
+pub(crate) fn auto_splits(
+    max_len: usize,
+    base_ctas: usize,
+    resident_ctas: usize,
+    nw: usize,
+    fp4: bool,
+) -> usize {
+    let target = resident_ctas / base_ctas.max(1);
+    let by_len = max_len.div_ceil(16 * nw);
+    let floor = if fp4 {
+        6.min(target).min(max_len.div_ceil(64))
+    } else {
+        0
+    };
+    target.min(by_len).max(floor).max(1)
+}
+
 /// Whether the attention merges its splits in its own last CTA per head group (`true`) or
 /// leaves them to `cfp4_kv_combine` when [`AttnKnobs::fused_merge`] is `None`, for a call
 /// with `total` partials per head (its splits plus the exact window's ring's). Measured on
@@ -63,32 +89,6 @@ pub(crate) fn ring_first_default(
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn fused_merge_default(fp4: bool, total: usize) -> bool {
     fp4 && total > 8
-}
-
-/// Whether [`cluster_merge_rule`] merges a BF16 cache's splits in a cluster when the knob is
-/// not set.
-const CLUSTER_MERGE_BY_DEFAULT: bool = false;
-
-/// Whether a decode-attention call merges its splits inside one thread-block cluster (the
-/// splits' CTAs exchange their partials through distributed shared memory; no partials in
-/// global memory, no combine kernel): only a single launch (no exact window's ring, whose
-/// launch writes partials of the same merge) of 2 to `max_cluster` splits on an image with
-/// clusters (`sm90`), and not where the in-kernel merge is asked for (`fused`). Then the
-/// knob `cluster`; off by default until a GPU run has measured it (twenty-eighth session:
-/// built and checked under the host emulation, no device time; the candidate default is
-/// the BF16 cache, `docs/logs/s28/`).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
-pub(crate) fn cluster_merge_rule(
-    cluster: Option<bool>,
-    fused: Option<bool>,
-    fp4: bool,
-    sm90: bool,
-    ring: bool,
-    splits: usize,
-    max_cluster: usize,
-) -> bool {
-    let fits = sm90 && !ring && splits >= 2 && splits <= max_cluster;
-    fits && fused != Some(true) && cluster.unwrap_or(CLUSTER_MERGE_BY_DEFAULT && !fp4)
 }
 
 impl CacheShape {
@@ -168,10 +168,6 @@ pub struct AttnKnobs {
     /// each. Read by the callers that choose between the two (the models' decode step);
     /// `None` = fused.
     pub rope_append: Option<bool>,
-    /// Merge the splits of a single launch inside one thread-block cluster (sm_90+, at most
-    /// the kernel's largest cluster of splits); `None` = the measured default
-    /// (`cluster_merge_rule`).
-    pub cluster_merge: Option<bool>,
 }
 
 /// Checks that `elems` values of `elem_bytes` bytes can be allocated on the host before
@@ -321,75 +317,24 @@ pub(crate) fn check_query(
 
 #[cfg(test)]
 mod tests {
-    use super::{cluster_merge_rule, fused_merge_default, ring_first_default};
+    use super::{auto_splits, fused_merge_default, ring_first_default};
 
     #[test]
-    fn cluster_merge_only_where_one_cluster_holds_every_split() {
-        // 8B / SmolLM2 b1 512 on a BF16 cache: 9 splits, clusters of up to 16.
-        let on = Some(true);
-        assert!(!cluster_merge_rule(None, None, false, true, false, 9, 16)); // off by default
-        assert!(cluster_merge_rule(on, None, false, true, false, 9, 16));
-        assert!(cluster_merge_rule(on, None, false, true, false, 2, 16));
-        assert!(cluster_merge_rule(on, None, false, true, false, 16, 16));
-        assert!(!cluster_merge_rule(on, None, false, true, false, 17, 16)); // 32k: 49 splits
-        assert!(!cluster_merge_rule(on, None, false, true, false, 9, 8)); // portable only
-        assert!(!cluster_merge_rule(on, None, false, true, false, 1, 16)); // nothing to merge
-        assert!(!cluster_merge_rule(on, None, false, false, false, 9, 16)); // sm_80 image
-        assert!(!cluster_merge_rule(
-            Some(true),
-            None,
-            true,
-            true,
-            true,
-            4,
-            16
-        )); // the ring's launch
-        assert!(!cluster_merge_rule(None, None, true, true, false, 4, 16)); // UltraQuant: off
-        assert!(cluster_merge_rule(
-            Some(true),
-            None,
-            true,
-            true,
-            false,
-            4,
-            16
-        ));
-        assert!(!cluster_merge_rule(
-            Some(false),
-            None,
-            false,
-            true,
-            false,
-            9,
-            16
-        ));
-        assert!(!cluster_merge_rule(
-            None,
-            Some(true),
-            false,
-            true,
-            false,
-            9,
-            16
-        ));
-        assert!(!cluster_merge_rule(
-            Some(true),
-            Some(true),
-            false,
-            true,
-            false,
-            9,
-            16
-        ));
-        assert!(cluster_merge_rule(
-            on,
-            Some(false),
-            false,
-            true,
-            false,
-            9,
-            16
-        ));
+    fn split_rule() {
+        // BF16 cache (4 warps, 3 CTAs per SM on 132 SMs), 8 KV heads: the tile bound at b1.
+        assert_eq!(auto_splits(513, 8, 396, 4, false), 9);
+        assert_eq!(auto_splits(32768, 8, 396, 4, false), 49);
+        assert_eq!(auto_splits(513, 64, 396, 4, false), 6); // b8: one wave
+                                                            // UltraQuant (16 warps, one CTA per SM), exact window of 64: at least 6 at b1.
+        assert_eq!(auto_splits(449, 8, 132, 16, true), 6); // 512: the tile bound says 2
+        assert_eq!(auto_splits(961, 8, 132, 16, true), 6); // 1k: 4
+        assert_eq!(auto_splits(1985, 8, 132, 16, true), 8); // 2k: the tile bound
+        assert_eq!(auto_splits(32705, 8, 132, 16, true), 16); // 32k: one wave
+        assert_eq!(auto_splits(449, 64, 132, 16, true), 2); // b8: one wave caps the floor
+        assert_eq!(auto_splits(449, 256, 132, 16, true), 1); // b32
+        assert_eq!(auto_splits(100, 8, 132, 16, true), 2); // 64-token ranges
+        assert_eq!(auto_splits(0, 8, 132, 16, true), 1); // nothing before the window
+        assert_eq!(auto_splits(10, 1000, 132, 16, false), 1);
     }
 
     #[test]

@@ -73,16 +73,9 @@ struct Block {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<std::unique_ptr<Warp>> warps;
 };
-// A cluster's blocks run at once (one thread per CUDA thread of each); each thread knows
-// its block and that block's dynamic shared memory.
-struct Cluster {
-    std::unique_ptr<std::barrier<>> bar;  // every thread of every block of the cluster
-    std::vector<uint8_t*> smem;           // each block's dynamic shared memory, by rank
-};
-inline thread_local Block* g_block = nullptr;
-inline thread_local uint8_t* g_smem = nullptr;
-inline thread_local Cluster* g_cluster = nullptr;
-inline uint8_t* emu_dyn_smem() { return g_smem; }
+inline Block* g_block = nullptr;
+inline std::vector<uint8_t> g_smem;
+inline uint8_t* emu_dyn_smem() { return g_smem.data(); }
 inline size_t g_dyn_bytes = 0;
 
 inline int lane_id() { return threadIdx.x & 31; }
@@ -167,17 +160,6 @@ inline float4 __ldcg(const float4* p) { return *p; }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <int N> inline void cp_async_wait() {}
-// barrier.cluster arrive + wait, and mapa: the same shared address in the cluster's block `rank`.
-inline void cluster_sync() {
-    if (!g_cluster) __trap();
-    g_cluster->bar->arrive_and_wait();
-}
-template <class T> inline const T* cluster_map(const T* p, uint32_t rank) {
-    if (!g_cluster || rank >= g_cluster->smem.size()) __trap();
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
-    if (b < g_smem || b >= g_smem + g_dyn_bytes) __trap();  // not dynamic shared memory
-    return reinterpret_cast<const T*>(g_cluster->smem[rank] + (b - g_smem));
-}
 inline uint32_t dynamic_smem_size() { return uint32_t(g_dyn_bytes); }
 
 // ---- case files (the harnesses read their inputs and write their outputs as raw bytes)
@@ -218,33 +200,21 @@ inline int emu_bad_params(const std::istream& pf, const std::string& dir) {
 }
 
 // ---- launch
-// One cluster (of `cluster` blocks along x; 1: a plain block) at a time.
 template <class P>
-void emu_launch(void (*k)(P), dim3 grid, unsigned block, size_t smem, const P& p, unsigned cluster = 1) {
-    if (cluster == 0 || grid.x % cluster != 0) __trap();
+void emu_launch(void (*k)(P), dim3 grid, unsigned block, size_t smem, const P& p) {
     gridDim = grid; blockDim.x = block; blockDim.y = 1; blockDim.z = 1;
     g_dyn_bytes = smem;
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x0 = 0; x0 < grid.x; x0 += cluster) {
-                std::vector<Block> bs(cluster);
-                std::vector<std::vector<uint8_t>> sm(cluster);
-                Cluster cl;
-                cl.bar = std::make_unique<std::barrier<>>(ptrdiff_t(cluster) * block);
-                for (unsigned r = 0; r < cluster; ++r) {
-                    bs[r].bar = std::make_unique<std::barrier<>>(block);
-                    for (unsigned w = 0; w < (block + 31) / 32; ++w) bs[r].warps.push_back(std::make_unique<Warp>());
-                    sm[r].assign(smem + 16, 0xCD);  // garbage, like real smem
-                    cl.smem.push_back(sm[r].data());
-                }
-                Cluster* clp = cluster > 1 ? &cl : nullptr;
+            for (unsigned x = 0; x < grid.x; ++x) {
+                Block b;
+                b.bar = std::make_unique<std::barrier<>>(block);
+                for (unsigned w = 0; w < (block + 31) / 32; ++w) b.warps.push_back(std::make_unique<Warp>());
+                g_block = &b;
+                g_smem.assign(smem + 16, 0xCD);  // garbage, like real smem
                 std::vector<std::thread> th;
-                for (unsigned r = 0; r < cluster; ++r)
-                    for (unsigned t = 0; t < block; ++t)
-                        th.emplace_back([=, &bs, &sm] {
-                            g_block = &bs[r]; g_smem = sm[r].data(); g_cluster = clp;
-                            threadIdx.x = t; blockIdx.x = x0 + r; blockIdx.y = y; blockIdx.z = z; k(p);
-                        });
+                for (unsigned t = 0; t < block; ++t)
+                    th.emplace_back([=] { threadIdx.x = t; blockIdx.x = x; blockIdx.y = y; blockIdx.z = z; k(p); });
                 for (auto& t : th) t.join();
             }
 }

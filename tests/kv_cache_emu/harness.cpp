@@ -185,13 +185,10 @@ int main(int argc, char** argv) {
             auto want = emu_read<uint16_t>(p + (fp4 ? "_ouq.bin" : "_obf.bin"));
             int nt = (g <= 4 || d == 256) ? 1 : 2; int chunks = (g + 4 * nt - 1) / (4 * nt);
             const AttnKernel ak = attn_kernel(fp4, d, nt);
-            // splits merged by the combine kernel (counters null), by the attention
-            // kernel's last CTA per head group (counters zeroed, as the host does per call),
-            // or (mode 2) inside a cluster of the splits' CTAs
-            for (int mode = 0; mode < 3; ++mode) for (int splits : {1, 2, 5, 13}) {
-                const bool fused = mode == 1, cl = mode == 2;
-                if (mode > 0 && splits == 1) continue;
-                if (cl && (splits == 13 || fp4 && splits > 2)) continue;  // (16-warp UltraQuant CTAs: slow to emulate)
+            // splits merged by the combine kernel (counters null) or by the attention
+            // kernel's last CTA per head group (counters zeroed, as the host does per call)
+            for (int fused = 0; fused < 2; ++fused) for (int splits : {1, 2, 5, 13}) {
+                if (fused && splits == 1) continue;
                 // 13 (in-kernel merge only): more splits than tiles, so empty ranges in
                 // the merge's later batches beside non-empty ones in its first three.
                 if (!fused && splits == 13) continue;
@@ -203,16 +200,12 @@ int main(int argc, char** argv) {
                                 lens.data(), out.data(), po.data(), pm.data(), 1.4426950408889634f / std::sqrt(float(d)), qh, kh, g, cap, splits, d,
                                 /*win*/ 0, fused ? ctr.data() : nullptr, /*split_base*/ 0, /*part_splits*/ splits, /*late_wait*/ 0,
                                 /*q_row*/ qh * d};
-                ap.cluster = cl ? splits : 0;
-                // partials poisoned: the cluster merge must not read them
-                std::fill(po.begin(), po.end(), NAN); std::fill(pm.begin(), pm.end(), NAN);
-                emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, ap,
-                           cl ? unsigned(splits) : 1u);
-                if (splits > 1 && !fused && !cl) {
+                emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, ap);
+                if (splits > 1 && !fused) {
                     KvCombineParams cp{po.data(), pm.data(), out.data(), qh, splits, d, 0};
                     emu_launch(cfp4_kv_combine, dim3{unsigned(qh), unsigned(batch), 1}, 128, 0, cp);
                 }
-                char what[64]; snprintf(what, 64, "%s attention splits=%d%s", fp4 ? "uq" : "bf16", splits, fused ? " fused" : cl ? " cluster" : "");
+                char what[64]; snprintf(what, 64, "%s attention splits=%d%s", fp4 ? "uq" : "bf16", splits, fused ? " fused" : "");
                 compare_out(what, out, want);
                 if (!fp4) {
                     // Rope + append inside the attention, with identity tables (cos 1, sin 0: the
@@ -238,11 +231,10 @@ int main(int argc, char** argv) {
                     std::vector<uint32_t> ctr2(ctr.size() + batch, 0);  // + the merge's per-sequence counters
                     KvAttnParams fp = ap;
                     fp.q = qkv.data(); fp.k = kv2.data(); fp.v = kv2.data() + half; fp.lens = lb.data(); fp.out = out2.data();
-                    fp.counters = fused || cl ? ctr2.data() : nullptr; fp.q_row = row;
+                    fp.counters = fused ? ctr2.data() : nullptr; fp.q_row = row;
                     fp.positions = pos.data(); fp.cos = cs.data(); fp.sin = sn.data(); fp.max_pos = 1;
-                    emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, fp,
-                               cl ? unsigned(splits) : 1u);
-                    const bool combined = splits > 1 && !fused && !cl;
+                    emu_launch(ak.fn, dim3{unsigned(splits), unsigned(kh * chunks), unsigned(batch)}, unsigned(ak.nw * 32), ak.smem, fp);
+                    const bool combined = splits > 1 && !fused;
                     if (combined) {
                         KvCombineParams cp{po.data(), pm.data(), out2.data(), qh, splits, d, 0, lb.data()};
                         emu_launch(cfp4_kv_combine, dim3{unsigned(qh), unsigned(batch), 1}, 128, 0, cp);
@@ -250,7 +242,7 @@ int main(int argc, char** argv) {
                     size_t dout = 0, dkv = 0, dl = 0;
                     for (size_t i = 0; i < out.size(); ++i) dout += out2[i] != out[i];
                     for (size_t i = 0; i < kvb.size(); ++i) dkv += kv2[i] != kvb[i];
-                    // Advanced by the combine, the in-kernel or the cluster merge; one split: by the lengths kernel (not run here).
+                    // Advanced by the combine or the in-kernel merge; one split: by the lengths kernel (not run here).
                     for (int b = 0; b < batch; ++b) dl += lb[b] != lens[b] - (splits > 1 ? 0u : 1u);
                     printf("  %-28s %zu output, %zu cache, %zu length differences%s\n", "  + rope/append inside", dout, dkv, dl,
                            dout + dkv + dl ? "  <-- FAIL" : "");
