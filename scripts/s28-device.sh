@@ -2,7 +2,8 @@
 # Twenty-eighth session's device runs: $@ = steps; run through scripts/s28-call.sh (STEPS=...).
 # abcl: decode_bench with the combine kernel (CFP4_DECODE_ATTN=cluster=0) / the splits
 #   merged inside a thread-block cluster where they fit one (cluster=1), BF16-cache rows, one
-#   binary, $AB_ROUNDS rounds; logs packed.
+#   binary, $AB_ROUNDS rounds; logs packed. Needs a binary of the cluster-merge patch
+#   (docs/logs/s28/cluster-merge/): main's decode_bench has no `cluster` knob.
 # uqctx: the UltraQuant launch's split count at 1k / 2k / 512 (heuristic / 6 / 12 splits),
 #   one binary, $AB_ROUNDS rounds: the data the split floor's rule needs.
 # abfloor: decode_bench (the cluster build, its cluster merge off) / decode_bench_new (the
