@@ -325,7 +325,8 @@ mod tests {
         assert_eq!(auto_splits(513, 8, 396, 4, false), 9);
         assert_eq!(auto_splits(32768, 8, 396, 4, false), 49);
         assert_eq!(auto_splits(513, 64, 396, 4, false), 6); // b8: one wave
-                                                            // UltraQuant (16 warps, one CTA per SM), exact window of 64: at least 6 at b1.
+
+        // UltraQuant (16 warps, one CTA per SM), exact window of 64: at least 6 at b1.
         assert_eq!(auto_splits(449, 8, 132, 16, true), 6); // 512: the tile bound says 2
         assert_eq!(auto_splits(961, 8, 132, 16, true), 6); // 1k: 4
         assert_eq!(auto_splits(1985, 8, 132, 16, true), 8); // 2k: the tile bound
