@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Twenty-ninth session's device runs: $@ = steps; run through scripts/s29-call.sh (STEPS=...).
+# h200: on an H200 only (the issues' measured target): the full decode_bench table of main
+#   (.carry/decode_bench), then the norm kernel's L2 prefetch off / on (abpf, same binary),
+#   the A/B the twenty-fifth session left for this card.
+# gemv: the packed-GEMV harness, plain and with spacers, main's kernels and the
+#   warp-specialized ones (.carry/pgemv_bench_ws, docs/logs/s21/ws-library.patch: rejected
+#   on the H100, never run on an H200), then the W4A16 peers: issue 15's same-call ratios.
+# Any other step is scripts/s28-device.sh's (and through it s27's, s26's, ...).
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+for step in "$@"; do case "$step" in
+h200)
+    case "$gpu" in *H200*) ;; *) echo "== h200: skipped on $gpu"; continue ;; esac
+    BENCH_BIN=decode_bench BENCH_TIMEOUT="${BENCH_TIMEOUT:-420}" bash scripts/s22-device.sh bench
+    PF_BIN=decode_bench AB_ROUNDS="${AB_ROUNDS:-3}" bash scripts/s22-device.sh abpf
+    ;;
+gemv)
+    bash scripts/s22-device.sh spacer
+    peers
+    ;;
+*)
+    bash scripts/s28-device.sh "$step"
+    ;;
+esac; done
+echo "== done $(date +%T)"
