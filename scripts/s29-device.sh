@@ -6,6 +6,8 @@
 # gemv: the packed-GEMV harness, plain and with spacers, main's kernels and the
 #   warp-specialized ones (.carry/pgemv_bench_ws, docs/logs/s21/ws-library.patch: rejected
 #   on the H100, never run on an H200), then the W4A16 peers: issue 15's same-call ratios.
+# abws: decode_bench (main) / decode_bench_ws (main with docs/logs/s21/ws-library.patch,
+#   its two planner conflicts resolved as a union), $AB_ROWS, $AB_ROUNDS alternating rounds.
 # Any other step is scripts/s28-device.sh's (and through it s27's, s26's, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,11 @@ h200)
 gemv)
     bash scripts/s22-device.sh spacer
     peers
+    ;;
+abws)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abws decode_bench decode_bench_ws
+    pack_logs abws
     ;;
 *)
     bash scripts/s28-device.sh "$step"
