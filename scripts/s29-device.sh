@@ -8,6 +8,9 @@
 #   on the H100, never run on an H200), then the W4A16 peers: issue 15's same-call ratios.
 # abws: decode_bench (main) / decode_bench_ws (main with docs/logs/s21/ws-library.patch,
 #   its two planner conflicts resolved as a union), $AB_ROWS, $AB_ROUNDS alternating rounds.
+# abacc: the norm on the accumulator (docs/logs/s29/prediction-acc-norm.md): decode_bench
+#   (main) / decode_bench_acc with the knob off / on (CFP4_DECODE_RESIDUAL_SUMS=1), after
+#   gpu_decode_graph_acc (graph against eager with the knob on, 300 steps).
 # Any other step is scripts/s28-device.sh's (and through it s27's, s26's, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +30,12 @@ abws)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abws decode_bench decode_bench_ws
     pack_logs abws
+    ;;
+abacc)
+    t gpu_decode_graph_acc 300
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abacc decode_bench decode_bench_acc "decode_bench_acc CFP4_DECODE_RESIDUAL_SUMS=1"
+    pack_logs abacc
     ;;
 *)
     bash scripts/s28-device.sh "$step"
