@@ -30,6 +30,16 @@
 // stream after the add). Only the order of the sum of squares differs from the norm
 // kernel's (a warp tree here, over another thread count).
 //
+// Residual epilogue (plain and pair variants, p.resid non-null): the output row is
+// s = bf16(resid + bf16(y)), the residual stream after the add the next norm would have
+// done, and p.ss_out[tok][group] = the f32 sum of s^2 over the group's rows (a shuffle
+// tree in a fixed order: deterministic). The CTA loads its rows of resid right after
+// griddepcontrol.wait and keeps them in registers through the main loop (ResidRows), so
+// the tail adds from shared memory without another L2 round trip. A norm variant
+// given those sums (p.ss_in, p.ss_parts = the producer's groups, delta null) adds the
+// parts in order instead of reducing x, so its prologue is one L2 round trip: no norm
+// kernel, and no CTA repeats the reduction over K.
+//
 // Staged variants (plain, one token tile, one row tile per group): right after
 // griddepcontrol.wait each CTA copies the M rows of x over its own K slice
 // [128 s0, 128 s0 + len) into dynamic shared memory ([M][len + 8] bf16, len a multiple of
@@ -51,6 +61,11 @@ namespace {
 #include "gemv_packed_instances.inc"
 #undef CFP4_PGEMV_CONFIG
 constexpr int MAX_THREADS = MAX_WARPS * 32;
+// Row stride of the residual epilogue's shared rows (two row tiles: the pair variants).
+constexpr int RSD_COLS = 32;
+// Most f32 parts (tokens x producer groups) the norm on the accumulator takes: 8 KiB
+// (src/gemv/packed/geometry.rs SS_MAX).
+constexpr int SS_MAX = 2048;
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
 using cfp4::ld_stream_u32;
@@ -133,7 +148,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::
 template <int NT, bool SILU, bool PAIR>
 __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                                              const float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
-                                             float4* red, int group, int slice) {
+                                             float4* red, const __nv_bfloat16* rsd, const float* ssp, int group, int slice) {
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -192,8 +207,35 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
         if (lane == 0) p.counters[group] = 0;  // ready for the next call
     }
 
+    // The norm on the accumulator (ss_in on a plain or silu variant): each token's m from
+    // its parts in ssp (copied at the start), lanes in order then a fixed tree; else 1.
+    float mt[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mt[j][0] = mt[j][1] = 1.f;
+    if (ssp != nullptr) {
+        for (int tok = 0; tok < p.m; ++tok) {
+            float a = 0.f;
+            for (int q = lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, ssp[tok * p.ss_parts + q]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const float mm = cfp4::norm_m(a, p.k, p.eps);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (tok == 8 * j + 2 * t + e) mt[j][e] = mm;
+        }
+    }
+
     // tot[ti][j] in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    const bool res = !SILU && p.resid != nullptr;
+    float ss[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        ss[j][0] = 0.f;
+        ss[j][1] = 0.f;
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -209,8 +251,8 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                     if (q >= half) continue;
                     const float v1 = e == 0 ? (r == 0 ? tot[TILES - 1][j].x : tot[TILES - 1][j].z)
                                             : (r == 0 ? tot[TILES - 1][j].y : tot[TILES - 1][j].w);
-                    const float gate = __bfloat162float(__float2bfloat16_rn(v0 * p.out_scale));
-                    const float up = __bfloat162float(__float2bfloat16_rn(v1 * p.out_scale));
+                    const float gate = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(v0 * p.out_scale, mt[j][e])));
+                    const float up = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(v1 * p.out_scale, mt[j][e])));
                     const float silu = gate / (1.0f + expf(-gate));
                     out[size_t(tok) * half + q] = __float2bfloat16_rn(silu * up);
                 } else {
@@ -223,13 +265,91 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                         const float4 v = tot[ti][j];
                         const float vv = e == 0 ? (r == 0 ? v.x : v.z) : (r == 0 ? v.y : v.w);
                         const int row = real_row(16 * tl + g + 8 * r, p.n, p.half_pad);
-                        if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(vv * p.out_scale);
+                        if (row < 0) continue;
+                        __nv_bfloat16 y = __float2bfloat16_rn(__fdiv_rn(vv * p.out_scale, mt[j][e]));
+                        if (res) {
+                            y = __hadd_rn(rsd[tok * RSD_COLS + 16 * ti + g + 8 * r], y);
+                            ss[j][e] = cfp4::add_square(ss[j][e], __bfloat162float(y));
+                            if (p.xw_out != nullptr) {
+                                const float wv = __bfloat162float(static_cast<const __nv_bfloat16*>(p.xw_w)[row]);
+                                static_cast<__nv_bfloat16*>(p.xw_out)[size_t(tok) * p.n + row] =
+                                    __float2bfloat16_rn(__fmul_rn(__bfloat162float(y), wv));
+                            }
+                        }
+                        out[size_t(tok) * p.n + row] = y;
                     }
                 }
             }
         }
     }
+    if (!res || p.ss_out == nullptr) return;
+    // Each token's sum over the 16 * TILES rows: lanes with the same t hold the same tokens.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float a = ss[j][e];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            const int tok = 8 * j + 2 * t + e;
+            if (g == 0 && tok < p.m) p.ss_out[size_t(tok) * p.groups + group] = a;
+        }
 }
+
+// Residual epilogue: element i of the CTA's rows of resid, as rsd holds them
+// ([8 * NT][RSD_COLS] bf16: token, then the group's row 16 * ti + r), or -1 when it is not
+// read (a token past m, a padding row, a pair's missing tile).
+template <int NT, bool PAIR>
+__device__ __forceinline__ long resid_index(const PackedGemvParams& p, int group, int i) {
+    constexpr int TILES = PAIR ? 2 : 1;
+    const int tok = i / (16 * TILES), c = i % (16 * TILES), ti = c / 16;
+    const int tl = PAIR ? 2 * group + ti : group;
+    if (i >= 8 * NT * 16 * TILES || tok >= p.m || (PAIR && tl >= packed_tiles(p))) return -1;
+    const int row = real_row(16 * tl + c % 16, p.n, p.half_pad);
+    return row < 0 ? -1 : long(tok) * p.n + row;
+}
+
+// The residual epilogue's reads of resid, issued right after griddep_wait (the previous
+// kernels wrote it) and stored into rsd only after the main loop (store()), so their L2
+// round trip overlaps the loop instead of delaying its first x load; pgemv_finish's barrier
+// orders the tail's reads after the stores. One token tile: at most 8 tokens x 32 rows
+// over at least 64 threads, SLOTS registers each. Wider token tiles store at once (their
+// launches are not where the epilogue pays: see QuantLinear::forward_residual).
+template <int NT, bool PAIR>
+struct ResidRows {
+    static constexpr int TILES = PAIR ? 2 : 1;
+    static constexpr int SLOTS = NT == 1 ? (8 * 16 * TILES + 63) / 64 : 1;
+    __nv_bfloat16 v[SLOTS];
+
+    // Where element i (resid_index's numbering) sits in rsd.
+    static __device__ __forceinline__ int at_rsd(int i) { return (i / (16 * TILES)) * RSD_COLS + i % (16 * TILES); }
+
+    __device__ __forceinline__ void load(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) {
+        const __nv_bfloat16* __restrict__ resid = static_cast<const __nv_bfloat16*>(p.resid);
+        if constexpr (NT == 1) {
+#pragma unroll
+            for (int s = 0; s < SLOTS; ++s) {
+                const long at = resid_index<NT, PAIR>(p, group, int(threadIdx.x + s * blockDim.x));
+                if (at >= 0) v[s] = resid[at];
+            }
+        } else {
+            for (int i = threadIdx.x; i < 8 * NT * 16 * TILES; i += blockDim.x) {
+                const long at = resid_index<NT, PAIR>(p, group, i);
+                if (at >= 0) rsd[at_rsd(i)] = resid[at];
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) const {
+        if constexpr (NT == 1) {
+#pragma unroll
+            for (int s = 0; s < SLOTS; ++s) {
+                const int i = int(threadIdx.x + s * blockDim.x);
+                if (resid_index<NT, PAIR>(p, group, i) >= 0) rsd[at_rsd(i)] = v[s];
+            }
+        }
+    }
+};
 
 // cfp4::norm_one on the two bf16 of s2 with the two of w2 (low halves first), the same
 // bits: the quotients s * rm (norm_quot's fast path, both checked at once) packed by one
@@ -261,7 +381,31 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
     const __nv_bfloat16* __restrict__ d = static_cast<const __nv_bfloat16*>(p.delta);
     __nv_bfloat16* __restrict__ sum = static_cast<__nv_bfloat16*>(p.sum);
     const bool write_sum = d != nullptr && blockIdx.x == 0;
-    for (int r0 = 0; r0 < p.m; r0 += RB) {
+    // Given sums (ss_in): warp r loads token r's parts now, so their L2 round trip overlaps
+    // the copy of x below, and adds them after it (lanes in order, then a fixed tree).
+    const bool given = p.ss_in != nullptr;
+    constexpr int SSV = 8;
+    float ssv[SSV];
+    if (given && warp < p.m) {
+#pragma unroll
+        for (int i = 0; i < SSV; ++i) {
+            const int q = lane + 32 * i;
+            ssv[i] = q < p.ss_parts ? p.ss_in[size_t(warp) * p.ss_parts + q] : 0.f;
+        }
+    }
+    if (given) {
+        // The rows as they are (no add, no reduction): every 16-byte copy in flight at once,
+        // one L2 round trip (the barrier after the parts' sum below orders them).
+        for (int i = tid; i < p.m * nv; i += nth) {
+            const int r = i / nv, v = i - r * nv;
+            cfp4::cp_async_16(xs + r * ld + 8 * v, x + size_t(r) * p.x_stride + 8 * v);
+        }
+        cfp4::cp_async_wait_all();
+    }
+    // Otherwise each thread adds delta, keeps its share of the sums of squares and stores
+    // the rows, two at a time.
+    const int reduced_rows = given ? 0 : p.m;
+    for (int r0 = 0; r0 < reduced_rows; r0 += RB) {
         float acc[RB] = {0.f, 0.f};
         for (int v = tid; v < nv; v += nth) {
             uint4 xv[RB], dv[RB];
@@ -293,14 +437,34 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             if (lane == 0 && r0 + i < ROWS) part[warp][r0 + i] = a;
         }
     }
-    __syncthreads();
-    if (tid < p.m) {
-        float tot = 0.f;
-        for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
-        mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
-        rrow[tid] = cfp4::norm_rcp(mrow[tid]);
+    if (given) {
+        // Token r by warp r % warps (its first token's parts preloaded above).
+        for (int r = warp; r < p.m; r += nth / 32) {
+            float a = 0.f;
+            int q0 = 0;
+            if (r == warp) {
+#pragma unroll
+                for (int i = 0; i < SSV; ++i) a = __fadd_rn(a, ssv[i]);
+                q0 = 32 * SSV;
+            }
+            for (int q = q0 + lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, p.ss_in[size_t(r) * p.ss_parts + q]);
+            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            if (lane == 0) {
+                mrow[r] = cfp4::norm_m(a, p.k, p.eps);
+                rrow[r] = cfp4::norm_rcp(mrow[r]);
+            }
+        }
+        __syncthreads();
+    } else {
+        __syncthreads();
+        if (tid < p.m) {
+            float tot = 0.f;
+            for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
+            mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
+            rrow[tid] = cfp4::norm_rcp(mrow[tid]);
+        }
+        __syncthreads();
     }
-    __syncthreads();
     const __nv_bfloat16* __restrict__ nw = static_cast<const __nv_bfloat16*>(p.norm_w);
     for (int v = tid; v < nv; v += nth) {
         const uint4 wv = v == tid ? nw0 : __ldg(reinterpret_cast<const uint4*>(nw) + v);
@@ -342,6 +506,8 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
+    __shared__ __nv_bfloat16 rsd[SILU ? 1 : 8 * NT * RSD_COLS];  // residual epilogue
+    __shared__ float ssp_buf[NORM ? 1 : SS_MAX];                  // the norm on the accumulator
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int g = lane >> 2, t = lane & 3;
     const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
@@ -385,6 +551,21 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // The trigger after the wait, not at the start: measured on the H100 (twenty-fifth
     // session, docs/logs/s25/), 5 to 13 µs less per decode step on every row.
     griddep_launch_dependents();
+    ResidRows<NT, PAIR> rrows;
+    if constexpr (!SILU) {
+        if (p.resid != nullptr) rrows.load(p, rsd, group);
+    }
+    // The norm on the accumulator: every token's parts into shared memory, in flight through
+    // the main loop (the host plans it only where m * ss_parts <= SS_MAX).
+    const float* ssp = nullptr;
+    if constexpr (!NORM) {
+        if (p.ss_in != nullptr) {
+            const int nss = p.m * p.ss_parts;
+            if (nss > SS_MAX) __trap();
+            for (int i = threadIdx.x; i < nss; i += blockDim.x) cfp4::cp_async_4(ssp_buf + i, p.ss_in + i);
+            ssp = ssp_buf;
+        }
+    }
 
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
     size_t xstride = size_t(p.x_stride);
@@ -448,7 +629,11 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     }
 
-    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], group, slice);
+    if constexpr (!SILU) {
+        if (p.resid != nullptr) rrows.store(p, rsd, group);
+    }
+    if (ssp != nullptr) cfp4::cp_async_wait_all();  // before pgemv_finish's barrier
+    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], rsd, ssp, group, slice);
 }
 
 }  // namespace
