@@ -35,10 +35,19 @@
 // done, and p.ss_out[tok][group] = the f32 sum of s^2 over the group's rows (a shuffle
 // tree in a fixed order: deterministic). The CTA loads its rows of resid right after
 // griddepcontrol.wait and keeps them in registers through the main loop (ResidRows), so
-// the tail adds from shared memory without another L2 round trip. A norm variant
-// given those sums (p.ss_in, p.ss_parts = the producer's groups, delta null) adds the
-// parts in order instead of reducing x, so its prologue is one L2 round trip: no norm
-// kernel, and no CTA repeats the reduction over K.
+// the tail adds from shared memory without another L2 round trip. With p.xw_out it also
+// writes xw = bf16(s * xw_w), the next RMSNorm's weight applied.
+//
+// The norm on the accumulator (plain, pair, silu and staged variants, p.ss_in non-null):
+// x is such an xw, and p.ss_in[tok][ss_parts] the producer's sums of squares of s. Right
+// after griddepcontrol.wait every thread copies its share of them into shared memory
+// (cp.async, in flight through the main loop); in the finish warp 0 adds each token's
+// parts in a fixed order (lane q the parts q, q + 32, ..., then an xor tree: every lane
+// the same bits), m = bf16(sqrt(sum / K + eps)) as the norm kernel rounds it, and each
+// output is bf16(acc * out_scale / m) (silu_mul: gate and up each so, rounded, then
+// silu(gate) * up). So the GEMV computes rms_norm(s) * w . W^T without a norm kernel and
+// without a prologue; against the norm kernel's x = bf16(bf16(s / m) * w) the input differs
+// by at most one BF16 rounding per element.
 //
 // Staged variants (plain, one token tile, one row tile per group): right after
 // griddepcontrol.wait each CTA copies the M rows of x over its own K slice
@@ -381,31 +390,7 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
     const __nv_bfloat16* __restrict__ d = static_cast<const __nv_bfloat16*>(p.delta);
     __nv_bfloat16* __restrict__ sum = static_cast<__nv_bfloat16*>(p.sum);
     const bool write_sum = d != nullptr && blockIdx.x == 0;
-    // Given sums (ss_in): warp r loads token r's parts now, so their L2 round trip overlaps
-    // the copy of x below, and adds them after it (lanes in order, then a fixed tree).
-    const bool given = p.ss_in != nullptr;
-    constexpr int SSV = 8;
-    float ssv[SSV];
-    if (given && warp < p.m) {
-#pragma unroll
-        for (int i = 0; i < SSV; ++i) {
-            const int q = lane + 32 * i;
-            ssv[i] = q < p.ss_parts ? p.ss_in[size_t(warp) * p.ss_parts + q] : 0.f;
-        }
-    }
-    if (given) {
-        // The rows as they are (no add, no reduction): every 16-byte copy in flight at once,
-        // one L2 round trip (the barrier after the parts' sum below orders them).
-        for (int i = tid; i < p.m * nv; i += nth) {
-            const int r = i / nv, v = i - r * nv;
-            cfp4::cp_async_16(xs + r * ld + 8 * v, x + size_t(r) * p.x_stride + 8 * v);
-        }
-        cfp4::cp_async_wait_all();
-    }
-    // Otherwise each thread adds delta, keeps its share of the sums of squares and stores
-    // the rows, two at a time.
-    const int reduced_rows = given ? 0 : p.m;
-    for (int r0 = 0; r0 < reduced_rows; r0 += RB) {
+    for (int r0 = 0; r0 < p.m; r0 += RB) {
         float acc[RB] = {0.f, 0.f};
         for (int v = tid; v < nv; v += nth) {
             uint4 xv[RB], dv[RB];
@@ -437,34 +422,14 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
             if (lane == 0 && r0 + i < ROWS) part[warp][r0 + i] = a;
         }
     }
-    if (given) {
-        // Token r by warp r % warps (its first token's parts preloaded above).
-        for (int r = warp; r < p.m; r += nth / 32) {
-            float a = 0.f;
-            int q0 = 0;
-            if (r == warp) {
-#pragma unroll
-                for (int i = 0; i < SSV; ++i) a = __fadd_rn(a, ssv[i]);
-                q0 = 32 * SSV;
-            }
-            for (int q = q0 + lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, p.ss_in[size_t(r) * p.ss_parts + q]);
-            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
-            if (lane == 0) {
-                mrow[r] = cfp4::norm_m(a, p.k, p.eps);
-                rrow[r] = cfp4::norm_rcp(mrow[r]);
-            }
-        }
-        __syncthreads();
-    } else {
-        __syncthreads();
-        if (tid < p.m) {
-            float tot = 0.f;
-            for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
-            mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
-            rrow[tid] = cfp4::norm_rcp(mrow[tid]);
-        }
-        __syncthreads();
+    __syncthreads();
+    if (tid < p.m) {
+        float tot = 0.f;
+        for (int w = 0; w < nth / 32; ++w) tot = __fadd_rn(tot, part[w][tid]);
+        mrow[tid] = cfp4::norm_m(tot, p.k, p.eps);
+        rrow[tid] = cfp4::norm_rcp(mrow[tid]);
     }
+    __syncthreads();
     const __nv_bfloat16* __restrict__ nw = static_cast<const __nv_bfloat16*>(p.norm_w);
     for (int v = tid; v < nv; v += nth) {
         const uint4 wv = v == tid ? nw0 : __ldg(reinterpret_cast<const uint4*>(nw) + v);

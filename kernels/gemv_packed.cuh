@@ -38,14 +38,13 @@ struct PackedGemvParams {
     // sum of its squares over this group's rows.
     const void* resid;        // offset 120: bf16 [M, N] contiguous, or null
     float* ss_out;            // offset 128: f32 [M][groups], or null
-    // Norm variants: the f32 sums of squares of x's token rows in ss_parts parts (a residual
-    // epilogue's ss_out), summed in order instead of reducing x (delta is then null).
+    // The norm on the accumulator (not the norm variants): a residual epilogue's ss_out, the
+    // sums of squares of the stream x was made from (x = its xw_out), in ss_parts parts.
     const float* ss_in;       // offset 136: f32 [M][ss_parts], or null
     int ss_parts;             // offset 144
     int _pad3;                // offset 148
     // Residual epilogue: also xw_out = bf16(s * xw_w), the next norm's weight applied to the
-    // stream (null: not written); a plain or silu variant given ss_in (not a norm variant)
-    // takes that as x and divides its output by each token's m (the norm on the accumulator).
+    // stream (null: not written), the x of the norm on the accumulator.
     const void* xw_w;         // offset 152: bf16 [N], or null
     void* xw_out;             // offset 160: bf16 [M, N], or null
 };                            // size 168

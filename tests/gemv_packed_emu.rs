@@ -1,8 +1,8 @@
 //! Runs `kernels/gemv_packed.cu` on the CPU through the host emulation of
 //! `tests/kv_cache_emu/emu.h` (with `tests/gemv_packed_emu/emu_gemv.h`) and compares what
 //! each variant writes with the CPU: the plain, pair, split-K, `silu_mul`, staged and
-//! RMSNorm-prologue kernels, and the residual epilogue with its sums of squares feeding the
-//! prologue that takes them. It checks logic (indexing, split-K arrivals, epilogues, the
+//! RMSNorm-prologue kernels, the residual epilogue with its sums of squares and `x · w`, and
+//! the norm on the accumulator that takes them. It checks logic (indexing, split-K arrivals, epilogues, the
 //! prologues' data flow), not timing. Ignored in the default run (a C++ compile of every
 //! variant, ~1 minute); CI runs it: `cargo test --test gemv_packed_emu -- --ignored`.
 //!
@@ -18,7 +18,11 @@
 //! within (K − 1) 2^-24 Σ|terms|, one BF16 rounding within 2^-9 |ref|; both doubled). Their
 //! residual inputs are multiples of 1/4 below 5, so the f32 sum of squares is exact in any
 //! order and the normalized row equals the CPU norm's bit for bit. The epilogue's sums of
-//! squares of ≤ 32 positive terms: within 2^-18 relative.
+//! squares of ≤ 32 positive terms: within 2^-18 relative; its `bf16(s · w)` bit for bit
+//! (the f32 product of two BF16 is exact). The norm on the accumulator: its parts are exact
+//! partial sums of x² (multiples of 1/64 below 4: exact in f32 in any order), so m =
+//! bf16(sqrt(Σ / K + eps)) in f32 IEEE steps is the kernel's, and the exact f32 sum divided
+//! by it and rounded once is the kernel's output: bit for bit.
 
 use candle_core::{Device, Tensor};
 use candle_fp4::gemv::packed::{staged_slice_k, PackedLayout};
@@ -58,9 +62,8 @@ struct Case {
     resid: bool,
     /// Norm variants: a delta added to x (else none).
     delta: bool,
-    /// Norm variants: the sums of squares given in this many parts (0: reduced in the kernel).
-    /// Plain, silu, pair and staged kernels: the norm on the accumulator (each token's
-    /// output divided by the RMS those parts give).
+    /// Plain, silu, pair and staged kernels: the norm on the accumulator, given x's sums of
+    /// squares in this many parts (each token's output divided by the RMS they give; 0: off).
     ss_parts: usize,
     /// Residual epilogue: also `bf16(s · w_norm)` written (the norm on the accumulator's x).
     xw: bool,
@@ -376,7 +379,9 @@ fn check(dir: &Path, name: &str, c: &Case, inp: &Inputs) -> Vec<String> {
                 let want = bf16::from_f32(s_exp[t * c.n + r] as f32 * w[r].to_f32());
                 let got = xw[t * c.n + r];
                 if got.to_bits() != want.to_bits() && bad.len() < 16 {
-                    bad.push(format!("{name} {c:?}: x · w, token {t} row {r}: got {got} want {want}"));
+                    bad.push(format!(
+                        "{name} {c:?}: x · w, token {t} row {r}: got {got} want {want}"
+                    ));
                 }
             }
         }
@@ -598,7 +603,7 @@ fn cases() -> Vec<Case> {
             resid: true,
             ..base.clone()
         },
-        // The norm prologue: reducing x (+ delta), or given the sums in parts.
+        // The norm prologue: x (+ delta) reduced in every CTA, with a split-K sum.
         Case {
             kind: Kind::Norm { silu: false },
             m: 3,
@@ -620,7 +625,7 @@ fn cases() -> Vec<Case> {
             n: 48,
             k: 576,
             warps: 2,
-            ss_parts: 7,
+            delta: true,
             ..base.clone()
         },
         Case {
@@ -628,7 +633,6 @@ fn cases() -> Vec<Case> {
             m: 1,
             n: 32,
             k: 1024,
-            ss_parts: 300,
             split: 2,
             ..base.clone()
         },

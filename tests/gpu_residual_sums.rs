@@ -20,7 +20,7 @@
 mod gemv_gpu_common;
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_fp4::gemv::packed::sums_max_m;
+use candle_fp4::gemv::packed::NORM_MAX_M;
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::dequantize_rows;
 use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
@@ -30,6 +30,8 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 /// The awkward shapes, given table entries so the layers plan the packed GEMV (the 8B and
 /// SmolLM2 shapes are in the shipped table).
 const TABLE_EXTRA: &[(usize, usize, bool)] = &[(1024, 320, false), (272, 1024, true)];
+
+const EPS: f32 = 1e-5;
 
 fn packed(n: usize, k: usize, rng: &mut StdRng) -> R<(QuantLinear, Tensor, f32)> {
     let dev = gpu();
@@ -43,6 +45,22 @@ fn packed(n: usize, k: usize, rng: &mut StdRng) -> R<(QuantLinear, Tensor, f32)>
     Ok((ql, dequantize_rows(&l.codes, &l.scales)?, l.gs))
 }
 
+/// The consumer kernel's `m` for one token's parts (`kernels/gemv_packed.cu`,
+/// `pgemv_finish`): f32 sums in its exact order, then the norm kernel's rounding of m.
+fn kernel_m(parts: &[f32], k: usize) -> f32 {
+    let mut lanes = [0f32; 32];
+    for (q, &v) in parts.iter().enumerate() {
+        lanes[q % 32] += v;
+    }
+    for o in [16, 8, 4, 2, 1] {
+        let prev = lanes;
+        for (i, l) in lanes.iter_mut().enumerate() {
+            *l = prev[i] + prev[i ^ o];
+        }
+    }
+    half::bf16::from_f32((lanes[0] / k as f32 + EPS).sqrt()).to_f32()
+}
+
 /// Producer `[hidden, k_in]` feeding a consumer `[n2, hidden]` (`silu`: gate|up).
 fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
     test_tables(TABLE_EXTRA);
@@ -53,30 +71,35 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
     prod.set_residual_sums(true);
     let wv: Vec<f32> = (0..hidden).map(|_| rng.random_range(0.5f32..1.5)).collect();
     let w = Tensor::from_vec(wv, hidden, &Device::Cpu)?.to_dtype(DType::BF16)?;
-    let (norm_cpu, norm_gpu) = (
-        AddRmsNorm::new(&w, 1e-5)?,
-        AddRmsNorm::new(&w.to_device(&dev)?, 1e-5)?,
-    );
-    let max_m = sums_max_m(hidden);
-    for m in [1usize, 2, 3, max_m, max_m + 1] {
+    let norm_gpu = AddRmsNorm::new(&w.to_device(&dev)?, EPS)?;
+    let wf = w.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    for m in [1usize, 2, 3, NORM_MAX_M, NORM_MAX_M + 1] {
         let what = format!("[{hidden}, {k_in}] -> [{n2}, {hidden}] silu {silu} m {m}");
         let (writes, _) = prod.fuses_residual(m, false);
         let (_, takes) = cons.fuses_residual(m, silu);
-        assert_eq!(writes, m <= max_m, "{what}: which M the producer adds for");
-        assert_eq!(takes, m <= max_m, "{what}: which M the prologue serves");
+        assert_eq!(
+            writes,
+            m <= NORM_MAX_M,
+            "{what}: which M the producer adds for"
+        );
+        assert_eq!(
+            takes,
+            m <= NORM_MAX_M,
+            "{what}: which M the consumer serves"
+        );
+        let x = quarters(m, k_in, &mut rng)?.to_device(&dev)?;
+        let resid = quarters(m, hidden, &mut rng)?.to_device(&dev)?;
+        let r = prod.forward_residual(&x, &resid, Some(&norm_gpu))?;
         if !writes {
-            // Past the prologue's tokens the stream keeps the delta (the norm kernel adds).
-            let x = quarters(m, k_in, &mut rng)?.to_device(&dev)?;
-            let resid = quarters(m, hidden, &mut rng)?.to_device(&dev)?;
-            let r = prod.forward_residual(&x, &resid, None)?;
-            assert!(r.sums.is_none(), "{what}: sums past the prologue's tokens");
+            // Past one token tile the stream keeps the delta (the norm kernel adds).
+            assert!(
+                r.sums.is_none() && r.xw.is_none(),
+                "{what}: sums past the tile"
+            );
             assert_eq!(bits(r.delta.as_ref().unwrap())?, bits(&prod.forward(&x)?)?);
             continue;
         }
-        // The epilogue, random x: s bit for bit, the sums within the f32 bound.
-        let x = quarters(m, k_in, &mut rng)?.to_device(&dev)?;
-        let resid = quarters(m, hidden, &mut rng)?.to_device(&dev)?;
-        let r = prod.forward_residual(&x, &resid, None)?;
+        // The epilogue: s bit for bit, the sums within the f32 bound, x · w bit for bit.
         let Some(sums) = &r.sums else {
             panic!("{what}: no sums")
         };
@@ -90,12 +113,13 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
             (m, m * parts),
             "{what}: sums shape"
         );
-        let s64 =
-            r.x.to_dtype(DType::F64)?
+        let s32 =
+            r.x.to_dtype(DType::F32)?
                 .to_device(&Device::Cpu)?
-                .to_vec2::<f64>()?;
+                .to_vec2::<f32>()?;
+        let mut m_tok = Vec::with_capacity(m);
         for t in 0..m {
-            let exact: f64 = s64[t].iter().map(|v| v * v).sum();
+            let exact: f64 = s32[t].iter().map(|&v| f64::from(v) * f64::from(v)).sum();
             let got: f64 = sv[t * parts..(t + 1) * parts]
                 .iter()
                 .map(|&v| f64::from(v))
@@ -105,22 +129,48 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
                 (got - exact).abs() <= tol,
                 "{what}: token {t}: Σ s² {got} vs {exact}"
             );
+            // The kernel's m: the parts summed in its order (lane q adds parts q, q + 32, ...,
+            // then an xor-shuffle tree), then bf16(sqrt(Σ / K + eps)) in f32 steps.
+            m_tok.push(kernel_m(&sv[t * parts..(t + 1) * parts], hidden));
         }
-        // The prologue, x = 0: s = resid, the norm exact (module docs).
-        let zero = Tensor::zeros((m, k_in), DType::BF16, &dev)?;
-        let r = prod.forward_residual(&zero, &resid, None)?;
-        assert_eq!(bits(&r.x)?, bits(&resid)?, "{what}: resid + 0");
+        let Some((xw, _)) = &r.xw else {
+            panic!("{what}: no x · w")
+        };
+        let xw_want: Vec<u16> = s32
+            .iter()
+            .flat_map(|row| {
+                row.iter()
+                    .zip(&wf)
+                    .map(|(&a, &b)| half::bf16::from_f32(a * b).to_bits())
+            })
+            .collect();
+        assert_eq!(bits(xw)?, xw_want, "{what}: bf16(s · w)");
+        // The consumer: (xw · Wᵀ · gs) / m_tok, one BF16 rounding, FP32 accumulation.
         let (s, y) = cons.forward_add_norm_stream(&r, &norm_gpu, silu)?;
-        assert_eq!(bits(&s)?, bits(&resid)?, "{what}: the stream passes on");
-        let (_, h) = norm_cpu.forward(&resid.to_device(&Device::Cpu)?, None)?;
-        let pre = (h
+        assert_eq!(bits(&s)?, bits(&r.x)?, "{what}: the stream passes on");
+        let xw_cpu = xw.to_device(&Device::Cpu)?;
+        let pre = (xw_cpu
             .to_dtype(DType::F64)?
             .matmul(&deq.to_dtype(DType::F64)?.t()?)?
             * gs as f64)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
-        let absd = abs_dot(&h.to_device(&dev)?, &deq.to_device(&dev)?, gs)?;
-        check(&what, &y, &pre, &absd, hidden, silu, false)?;
+        let absd = abs_dot(xw, &deq.to_device(&dev)?, gs)?;
+        let scaled = |v: &[Vec<f32>]| -> Vec<Vec<f32>> {
+            v.iter()
+                .zip(&m_tok)
+                .map(|(row, &mt)| row.iter().map(|&a| a / mt).collect())
+                .collect()
+        };
+        check(
+            &what,
+            &y,
+            &scaled(&pre),
+            &scaled(&absd),
+            hidden,
+            silu,
+            false,
+        )?;
         let (_, again) = cons.forward_add_norm_stream(&r, &norm_gpu, silu)?;
         assert_eq!(bits(&again)?, bits(&y)?, "{what}: a second call differs");
         // A stream with both a delta and sums is a caller's error, not a silent choice.
@@ -131,21 +181,15 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
         assert!(cons
             .forward_add_norm_stream(&both, &norm_gpu, silu)
             .is_err());
-        // The same stream as a delta (resid + 0) gives the same s and, through the norm
-        // kernel, the same exact h: the output within the same bound.
-        let no_delta = Tensor::zeros((m, hidden), DType::BF16, &dev)?;
-        let d = ResidualStream::with_delta(resid.clone(), no_delta);
-        let (s2, y2) = cons.forward_add_norm_stream(&d, &norm_gpu, silu)?;
-        assert_eq!(bits(&s2)?, bits(&resid)?, "{what}: the delta form's sum");
-        check(
-            &format!("{what} (delta form)"),
-            &y2,
-            &pre,
-            &absd,
-            hidden,
-            silu,
-            false,
-        )?;
+        // x · w of another norm's weight is not taken: the norm kernel reduces s instead.
+        let other = AddRmsNorm::new(&(w.to_device(&dev)? * 2.0)?, EPS)?;
+        let (_, y_other) = cons.forward_add_norm_stream(&r, &other, silu)?;
+        let (_, y_ref) = cons.forward_add_norm(&r.x, None, &other, silu)?;
+        assert_eq!(
+            bits(&y_other)?,
+            bits(&y_ref)?,
+            "{what}: another norm's weight"
+        );
     }
     Ok(())
 }
@@ -177,7 +221,7 @@ fn off_by_default() -> R<()> {
     let x = quarters(1, 576, &mut rng)?.to_device(&dev)?;
     let resid = quarters(1, 576, &mut rng)?.to_device(&dev)?;
     let r = prod.forward_residual(&x, &resid, None)?;
-    assert!(r.sums.is_none());
+    assert!(r.sums.is_none() && r.xw.is_none());
     assert_eq!(bits(&r.x)?, bits(&resid)?);
     assert_eq!(bits(r.delta.as_ref().unwrap())?, bits(&prod.forward(&x)?)?);
     Ok(())

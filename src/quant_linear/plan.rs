@@ -46,12 +46,8 @@ pub(crate) struct Plans {
     /// for (without and with `silu_mul`), for the `m` whose choice is the packed GEMV.
     #[cfg(feature = "cuda")]
     prefetch: [Option<std::sync::Arc<crate::kernel_params::L2Prefetch>>; 2],
-    /// CUDA, packed NVFP4 weights: the GEMV with the norm prologue that takes its input's
-    /// sums of squares (without and with `silu_mul`), where
-    /// [`use_sums_prologue`](crate::gemv::packed::use_sums_prologue) serves K.
-    #[cfg(feature = "cuda")]
-    norm_sums: [Option<std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>>; 2],
-    /// CUDA, packed NVFP4 weights: the weight's pointers, for the residual epilogue.
+    /// CUDA, packed NVFP4 weights: the weight's pointers, for the residual epilogue and the
+    /// norm on the accumulator.
     #[cfg(feature = "cuda")]
     ptrs: Option<std::sync::Arc<crate::gemv::packed::cuda_weight::WeightPtrs>>,
 }
@@ -115,7 +111,7 @@ impl Plans {
             by_m.push(pair);
         }
         #[cfg(feature = "cuda")]
-        let (norm, prefetch, norm_sums, ptrs) = match (device, weight) {
+        let (norm, prefetch, ptrs) = match (device, weight) {
             (Device::Cuda(d), Weight::Packed(p)) => {
                 use crate::gemv::packed::{cuda_norm, cuda_prefetch, cuda_weight};
                 use std::sync::Arc;
@@ -125,19 +121,18 @@ impl Plans {
                     scales: p.scales(),
                     global_scale: p.global_scale(),
                 };
-                let (mut v, mut f, mut g) = ([None, None], [None, None], [None, None]);
+                let (mut v, mut f) = ([None, None], [None, None]);
                 for (i, silu) in [false, true].into_iter().enumerate() {
                     if silu && !n.is_multiple_of(2) {
                         continue;
                     }
-                    v[i] = cuda_norm::plan_norm(d, &w, silu, pdl, false, false)?.map(Arc::new);
-                    g[i] = cuda_norm::plan_norm(d, &w, silu, pdl, false, true)?.map(Arc::new);
+                    v[i] = cuda_norm::plan_norm(d, &w, silu, pdl, false)?.map(Arc::new);
                     f[i] = cuda_prefetch::plan_prefetch(d, &w, silu)?.map(Arc::new);
                 }
                 let ptrs = Arc::new(cuda_weight::WeightPtrs::bind(d, &w)?);
-                (v, f, g, Some(ptrs))
+                (v, f, Some(ptrs))
             }
-            _ => ([None, None], [None, None], [None, None], None),
+            _ => ([None, None], [None, None], None),
         };
         Ok(Self {
             by_m,
@@ -146,40 +141,8 @@ impl Plans {
             #[cfg(feature = "cuda")]
             prefetch,
             #[cfg(feature = "cuda")]
-            norm_sums,
-            #[cfg(feature = "cuda")]
             ptrs,
         })
-    }
-
-    /// The GEMV with the norm prologue that takes the sums of squares, for `m` tokens,
-    /// where the table runs the packed GEMV for `m` and that prologue serves `(m, k)`
-    /// ([`use_sums_prologue`](crate::gemv::packed::use_sums_prologue)).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn sums_plan(
-        &self,
-        m: usize,
-        k: usize,
-        silu_mul: bool,
-    ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>> {
-        let served = crate::gemv::packed::use_sums_prologue(m, k);
-        self.prologue_plan(&self.norm_sums, served, m, silu_mul)
-    }
-
-    /// `slots[silu_mul]` where the table runs the packed GEMV for `m` and the prologue
-    /// `served` the call.
-    #[cfg(feature = "cuda")]
-    fn prologue_plan<'a, T>(
-        &self,
-        slots: &'a [Option<T>; 2],
-        served: bool,
-        m: usize,
-        silu_mul: bool,
-    ) -> Option<&'a T> {
-        let packed = matches!(self.choice(m, silu_mul), Choice::Packed(_));
-        slots[usize::from(silu_mul)]
-            .as_ref()
-            .filter(|_| packed && served)
     }
 
     /// The packed plan (and the weight's pointers) for `m` tokens with or without the
@@ -210,8 +173,12 @@ impl Plans {
         k: usize,
         silu_mul: bool,
     ) -> Option<&std::sync::Arc<crate::gemv::packed::cuda_norm::NormGemvPlan>> {
-        let served = crate::gemv::packed::use_norm_prologue(m, k);
-        self.prologue_plan(&self.norm, served, m, silu_mul)
+        let packed = matches!(self.choice(m, silu_mul), Choice::Packed(_));
+        if packed && crate::gemv::packed::use_norm_prologue(m, k) {
+            self.norm[usize::from(silu_mul)].as_ref()
+        } else {
+            None
+        }
     }
 
     /// What the norm kernel in front of the layer asks L2 for when `m` tokens run the

@@ -4,14 +4,16 @@
 //! [`forward_add_norm_stream`](QuantLinear::forward_add_norm_stream) (q|k|v, gate|up: the
 //! add and the RMSNorm in front of the layer).
 //!
-//! On a GPU, with the residual epilogue turned on
+//! On a GPU, with the norm on the accumulator turned on
 //! ([`set_residual_sums`](QuantLinear::set_residual_sums)), a packed NVFP4 layer without
 //! bias adds the residual in its GEMV's epilogue and writes each token's sums of squares
-//! ([`NormSums`]); the next packed layer's GEMV then runs the norm in its prologue from those
-//! sums, and the step runs no norm kernel. Everywhere else (the CPU, biases, tensor-parallel
-//! layers, token counts the plans do not serve) the stream carries `delta` and the next norm
-//! adds it: the same values, but for the order of the norm's f32 sum of squares (which can
-//! move a row's norm by one BF16 rounding).
+//! ([`NormSums`]) and `bf16(s · w)` for the next norm's weight `w`
+//! ([`ResidualStream::xw`]); the next packed layer's GEMV takes that as its input and divides
+//! each token's accumulator by its RMS (`kernels/gemv_packed.cu`), so the step runs no norm
+//! kernel between them. The input differs from the norm kernel's `bf16(bf16(s / m) · w)` by
+//! at most one BF16 rounding per element. Everywhere else (the CPU, biases, tensor-parallel
+//! layers, token counts the plans do not serve, a next norm that is not the one `xw` was
+//! made for) the stream carries `delta`, or `s` for the norm kernel to reduce again.
 
 use super::layer::QuantLinear;
 #[cfg(feature = "cuda")]
@@ -88,8 +90,7 @@ impl QuantLinear {
         #[cfg(feature = "cuda")]
         if let Some((plan, w)) = self.residual_plan_for(x, resid) {
             let nw = next.and_then(|n| n.cuda_weight_ptr().filter(|_| n.dim() == self.n));
-            let (s, sums, xw) =
-                crate::gemv::packed::packed_residual_gemv(x, resid, plan, w, nw)?;
+            let (s, sums, xw) = crate::gemv::packed::packed_residual_gemv(x, resid, plan, w, nw)?;
             return Ok(ResidualStream {
                 x: s,
                 delta: None,
@@ -102,10 +103,10 @@ impl QuantLinear {
     }
 
     /// [`forward_add_norm`](Self::forward_add_norm) over a [`ResidualStream`]: `(x + delta,
-    /// y)`. With `sums` (the stream already added by a residual epilogue) a packed layer
-    /// runs the norm in its GEMV's prologue from them where
-    /// [`use_sums_prologue`](crate::gemv::packed::use_sums_prologue) serves `(M, K)`;
-    /// otherwise the norm kernel reduces the stream.
+    /// y)`. With `sums` and `xw` made for this `norm` (the stream already added by a
+    /// residual epilogue) a packed layer runs the norm on its accumulator where
+    /// [`accumulator_norm_serves`](crate::gemv::packed::accumulator_norm_serves) the
+    /// tokens and parts; otherwise the norm kernel (or prologue) reduces the stream.
     pub fn forward_add_norm_stream(
         &self,
         r: &ResidualStream,
@@ -128,22 +129,9 @@ impl QuantLinear {
                 && crate::gemv::packed::accumulator_norm_serves(m, sums.parts())
             {
                 if let Some((plan, w)) = self.plans.packed_plan(m, silu_mul) {
-                    let y =
-                        crate::gemv::packed::packed_scaled_gemv(xw, sums, norm.eps(), plan, w)?;
+                    let y = crate::gemv::packed::packed_scaled_gemv(xw, sums, norm.eps(), plan, w)?;
                     return Ok((r.x.clone(), y));
                 }
-            }
-        }
-        #[cfg(feature = "cuda")]
-        if let (Weight::Packed(_), None, [m, k], candle_core::DType::BF16) =
-            (&self.weight, &self.bias, r.x.dims(), r.x.dtype())
-        {
-            if let Some(plan) = self.plans.sums_plan(*m, *k, silu_mul) {
-                let n_out = if silu_mul { self.n / 2 } else { self.n };
-                let y = crate::gemv::packed::norm::packed_sums_norm_gemv(
-                    &r.x, sums, norm, plan, n_out,
-                )?;
-                return Ok((r.x.clone(), y));
             }
         }
         let _ = sums;
@@ -190,10 +178,9 @@ impl QuantLinear {
         if matches!(self.weight, Weight::Packed(_)) && self.bias.is_none() {
             let writes = self.residual_sums
                 && !silu_mul
-                && self
-                    .plans
-                    .packed_plan(m, false)
-                    .is_some_and(|(p, _)| crate::gemv::packed::accumulator_norm_serves(m, p.groups()));
+                && self.plans.packed_plan(m, false).is_some_and(|(p, _)| {
+                    crate::gemv::packed::accumulator_norm_serves(m, p.groups())
+                });
             let takes = self.plans.packed_plan(m, silu_mul).is_some();
             return (writes, takes);
         }

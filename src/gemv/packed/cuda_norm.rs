@@ -3,12 +3,8 @@
 //! variants).
 
 use super::cuda::{finish_plan, occupancies, PackedPlan};
-use super::cuda_weight::PackedWeightRef;
-use super::cuda_weight::WeightPtrs;
-use super::geometry::{
-    packed_geometry, sums_grid_fits, sums_max_m, use_norm_prologue, use_sums_prologue, NORM_K_MAX,
-    NORM_MAX_M, SUMS_SMEM_MAX,
-};
+use super::cuda_weight::{PackedWeightRef, WeightPtrs};
+use super::geometry::{packed_geometry, use_norm_prologue, NORM_K_MAX, NORM_MAX_M};
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
@@ -21,14 +17,7 @@ use half::bf16;
 /// Dynamic shared memory the norm variants may use (set once on the function, the same
 /// value for every layer; under the 48 KiB default today, set anyway so a larger
 /// [`NORM_K_MAX`] needs no other change).
-const NORM_SMEM_MAX: usize = {
-    let reducing = NORM_MAX_M * (NORM_K_MAX + 8) * 2;
-    if reducing > SUMS_SMEM_MAX {
-        reducing
-    } else {
-        SUMS_SMEM_MAX
-    }
-};
+const NORM_SMEM_MAX: usize = NORM_MAX_M * (NORM_K_MAX + 8) * 2;
 
 /// The packed GEMV with the RMSNorm prologue, resolved for one layer (its weight's
 /// pointers included: the layer owns the weight and this plan keeps it alive).
@@ -36,46 +25,22 @@ const NORM_SMEM_MAX: usize = {
 pub(crate) struct NormGemvPlan {
     base: PackedPlan,
     w: WeightPtrs,
-    /// Whether this plan serves the sums prologue ([`use_sums_prologue`]) rather than
-    /// the reducing one ([`use_norm_prologue`]).
-    sums: bool,
-}
-
-/// What the norm prologue adds to x, or takes with it.
-pub(crate) enum NormInput<'a> {
-    /// Nothing: the norm of x.
-    None,
-    /// A delta: the norm of x + delta (written out).
-    Delta(&'a CudaStorage, &'a Layout),
-    /// The sums of squares of x's rows in `parts` parts (f32 bits in a BF16 buffer, from
-    /// the residual epilogue): the prologue only scales x.
-    Sums(&'a CudaStorage, &'a Layout, usize),
 }
 
 /// Plans the norm variant of the packed GEMV of `w` (token tile 1, up to 8 tokens), or
-/// `None` when no variant exists for `silu_mul` or the prologue does not serve K: with
-/// `sums`, the prologue given the sums of squares ([`sums_max_m`] tokens), else the one
-/// that reduces x (K ≤ [`NORM_K_MAX`]).
+/// `None` when K is above [`NORM_K_MAX`] or no variant exists for `silu_mul`.
 pub(crate) fn plan_norm(
     dev: &CudaDevice,
     w: &PackedWeightRef<'_>,
     silu_mul: bool,
     pdl: bool,
     sm80: bool,
-    sums: bool,
 ) -> Result<Option<NormGemvPlan>> {
     let l = w.layout;
     let Some(&(nt, _, u)) = PGEMV_NORM_KERNELS.iter().find(|v| v.1 == silu_mul) else {
         return Ok(None);
     };
-    let max_m = if sums {
-        sums_max_m(l.k)
-    } else if l.k <= NORM_K_MAX {
-        NORM_MAX_M
-    } else {
-        0
-    };
-    if 8 * nt != NORM_MAX_M || max_m == 0 || (silu_mul && !l.n.is_multiple_of(2)) {
+    if 8 * nt != NORM_MAX_M || l.k > NORM_K_MAX || (silu_mul && !l.n.is_multiple_of(2)) {
         return Ok(None);
     }
     let fa = facts(dev)?;
@@ -83,48 +48,36 @@ pub(crate) fn plan_norm(
     let loaded = module(dev, KernelFile::GemvPacked, image)?;
     let name = pgemv_norm_kernel_name(silu_mul, nt, u);
     let f = loaded.function_with_smem(&name, NORM_SMEM_MAX)?;
-    let smem = max_m * (l.k + 8) * 2;
+    let smem = 8 * nt * (l.k + 8) * 2;
     let occ = occupancies(&f, &name, smem)?;
-    let groups = l.groups(silu_mul);
-    let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
-    if sums && !sums_grid_fits(groups * split, fa.sms, occ.get(warps).copied().unwrap_or(0)) {
-        return Ok(None);
-    }
+    let (warps, split) = packed_geometry(l.groups(silu_mul), l.npairs, fa.sms, &occ);
     let pdl = pdl && image.has_sm90_features();
     let base = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
     Ok(Some(NormGemvPlan {
         base,
         w: WeightPtrs::bind(dev, w)?,
-        sums,
     }))
 }
 
 /// The fused `(x + delta, gemv(rms_norm(x + delta) · norm_w))` on the GPU: `x` the residual
-/// stream BF16 `[m, K]` (m ≤ 8), `input` what comes with it (a delta of the same shape, the
-/// sums of squares of its rows, or nothing), `norm_w` the norm weight's device pointer
-/// (BF16 `[K]`). Returns one BF16 buffer: with a delta `[m·K sums | m·N_out outputs]`, else
-/// the outputs alone.
+/// stream BF16 `[m, K]` (m ≤ 8), `delta` the same shape or `None`, `norm_w` the norm
+/// weight's device pointer (BF16 `[K]`). Returns one BF16 buffer: with a delta
+/// `[m·K sums | m·N_out outputs]`, else the outputs alone.
 pub(crate) fn forward_norm(
     plan: &NormGemvPlan,
     norm_w: u64,
     eps: f32,
     x: &CudaStorage,
     lx: &Layout,
-    input: NormInput<'_>,
+    delta: Option<(&CudaStorage, &Layout)>,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "packed_nvfp4_gemv (norm)";
     let base = &plan.base;
     let l = &base.layout;
     let (m, k) = lx.shape().dims2()?;
-    let served = if plan.sums {
-        use_sums_prologue(m, k) && matches!(input, NormInput::Sums(..))
-    } else {
-        use_norm_prologue(m, k) && !matches!(input, NormInput::Sums(..))
-    };
-    if k != l.k || !served {
+    if k != l.k || !use_norm_prologue(m, k) {
         bail!(
-            "{OP}: the launch plan (sums given: {}) is for K = {} and up to {NORM_MAX_M} tokens, the call has K = {k} and {m}",
-            plan.sums,
+            "{OP}: the launch plan is for K = {} and up to {NORM_MAX_M} tokens, the call has K = {k} and {m}",
             l.k
         );
     }
@@ -135,25 +88,15 @@ pub(crate) fn forward_norm(
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
     let xs = x.as_cuda_slice::<bf16>()?.slice(x0..x1);
-    let (ds, ss, parts) = match input {
-        NormInput::None => (None, None, 0),
-        NormInput::Delta(d, ld) => {
+    let ds = match delta {
+        Some((d, ld)) => {
             let (d0, d1) = contiguous_range(OP, "delta", ld)?;
             if d1 - d0 != m * k || !d0.is_multiple_of(8) {
                 bail!("{OP}: delta must be a 16-byte aligned [{m}, {k}] like x");
             }
-            (Some(d.as_cuda_slice::<bf16>()?.slice(d0..d1)), None, 0)
+            Some(d.as_cuda_slice::<bf16>()?.slice(d0..d1))
         }
-        NormInput::Sums(sv, ls, parts) => {
-            let (s0, s1) = contiguous_range(OP, "sums of squares", ls)?;
-            if s1 - s0 != 2 * m * parts || !s0.is_multiple_of(2) || parts == 0 {
-                bail!(
-                    "{OP}: the sums of squares must be {m} × {parts} f32, got {} BF16 at {s0}",
-                    s1 - s0
-                );
-            }
-            (None, Some(sv.as_cuda_slice::<bf16>()?.slice(s0..s1)), parts)
-        }
+        None => None,
     };
     let n_out = if base.silu_mul { l.n / 2 } else { l.n };
     let sums = if ds.is_some() { m * k } else { 0 };
@@ -161,7 +104,6 @@ pub(crate) fn forward_norm(
     {
         let (xp, _gx) = xs.device_ptr(&stream);
         let dg = ds.as_ref().map(|d| d.device_ptr(&stream));
-        let sg = ss.as_ref().map(|d| d.device_ptr(&stream));
         let (op_, _go) = out.device_ptr_mut(&stream);
         let elem = std::mem::size_of::<bf16>() as u64;
         let pg = base.partial.as_ref().map(|w| w.device_ptr(&stream));
@@ -177,8 +119,6 @@ pub(crate) fn forward_norm(
             norm_w,
             sum: if sums > 0 { op_ } else { 0 },
             eps,
-            ss_in: sg.as_ref().map_or(0, |g| g.0),
-            ss_parts: parts as i32,
             ..base.params(m, k, plan.w.global_scale)
         };
         let launch_m = Launch {

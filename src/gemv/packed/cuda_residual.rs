@@ -28,7 +28,9 @@ pub(crate) fn xw_offset(m: usize, n: usize, groups: usize) -> Result<usize> {
     m.checked_mul(groups)
         .and_then(|g| g.checked_mul(2))
         .and_then(|g| g.checked_add(sums_offset(m, n).ok()?))
-        .ok_or_else(|| candle_core::Error::Msg(format!("residual GEMV: {m} × {groups} sums overflow")))
+        .ok_or_else(|| {
+            candle_core::Error::Msg(format!("residual GEMV: {m} × {groups} sums overflow"))
+        })
 }
 
 /// The norm on the accumulator: `bf16(x · Wᵀ · out_scale / m_tok)` (with `silu_mul`, each
@@ -51,7 +53,10 @@ pub(crate) fn forward_scaled(
     let l = &plan.layout;
     let (m, rs) = plan.check_x(OP, lx)?;
     let (s0, s1) = contiguous_range(OP, "sums of squares", ls)?;
-    if !super::accumulator_norm_serves(m, parts) || s1 - s0 != 2 * m * parts || !s0.is_multiple_of(2) {
+    if !super::accumulator_norm_serves(m, parts)
+        || s1 - s0 != 2 * m * parts
+        || !s0.is_multiple_of(2)
+    {
         bail!(
             "{OP}: {m} tokens of {parts} parts (at most {} f32) in {} BF16 at {s0}",
             super::SS_MAX,
@@ -85,7 +90,10 @@ pub(crate) fn forward_scaled(
         let (f, how) = plan.launch_for(m);
         unsafe { launch(&stream, f, how, &p)? };
     }
-    Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(m * n_out)))
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev),
+        Shape::from(m * n_out),
+    ))
 }
 
 /// `resid + x · Wᵀ` for `x` BF16 `[m, K]` and `resid` BF16 `[m, N]` (contiguous) under
@@ -147,7 +155,11 @@ pub(crate) fn forward_residual(
             resid: rp,
             ss_out: op_ + off as u64 * elem,
             xw_w,
-            xw_out: if xw_w != 0 { op_ + xw_at as u64 * elem } else { 0 },
+            xw_out: if xw_w != 0 {
+                op_ + xw_at as u64 * elem
+            } else {
+                0
+            },
             ..plan.params(m, rs, w.global_scale)
         };
         let (f, how) = plan.launch_for(m);

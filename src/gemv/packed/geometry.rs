@@ -173,34 +173,6 @@ pub fn use_norm_prologue(m: usize, k: usize) -> bool {
     (1..=NORM_MAX_M).contains(&m) && k > 0 && k <= NORM_K_MAX
 }
 
-/// Most dynamic shared memory of x rows per CTA the sums prologue is given: two rows of
-/// K = 4096. A prediction, not yet measured: the thirteenth session's prologue at
-/// 8 rows × 4096 (64 KiB per CTA) cut the Llama-3.1-8B batch-8 rate from 2983 to 1694
-/// tok/s through occupancy; two rows keep the 8B's q|k|v and gate|up at their one-wave
-/// occupancy.
-pub const SUMS_SMEM_MAX: usize = 2 * (4096 + 8) * 2;
-
-/// Whether a projection of `m` tokens with in-features `k` can take the RMSNorm in front
-/// of it into its prologue when the sums of squares of its input come with it (the
-/// residual epilogue's, so the prologue only scales x): `1 ≤ m ≤ 8` and the `m` rows of x
-/// within [`SUMS_SMEM_MAX`]. Pure: the layer asks it per call, the planner once per layer.
-pub fn use_sums_prologue(m: usize, k: usize) -> bool {
-    (1..=NORM_MAX_M).contains(&m)
-        && k > 0
-        && k.checked_add(8)
-            .and_then(|row| m.checked_mul(row))
-            .and_then(|e| e.checked_mul(2))
-            .is_some_and(|b| b <= SUMS_SMEM_MAX)
-}
-
-/// Whether the sums prologue's grid of `ctas` fits in one wave at `per_sm` CTAs per SM on
-/// `sms` SMs. Its rows of x in shared memory cost occupancy, and a second wave of CTAs
-/// costs more than the norm kernel the prologue replaces (the 70B gate|up: 1792 CTAs, 9
-/// per SM with one 8192-wide row), so the planner keeps the norm kernel there. Pure.
-pub fn sums_grid_fits(ctas: usize, sms: usize, per_sm: usize) -> bool {
-    ctas <= sms.saturating_mul(per_sm)
-}
-
 /// Most f32 partial sums (tokens × the producer's CTA groups) the norm on the accumulator
 /// takes: `SS_MAX` of `kernels/gemv_packed.cu` (8 KiB of shared memory).
 pub const SS_MAX: usize = 2048;
@@ -210,14 +182,6 @@ pub const SS_MAX: usize = 2048;
 /// `m` tokens: one token tile, and every part in the consumer's shared memory. Pure.
 pub fn accumulator_norm_serves(m: usize, parts: usize) -> bool {
     (1..=NORM_MAX_M).contains(&m) && parts > 0 && m.checked_mul(parts).is_some_and(|e| e <= SS_MAX)
-}
-
-/// The most tokens [`use_sums_prologue`] serves at in-features `k` (0: none).
-pub fn sums_max_m(k: usize) -> usize {
-    (1..=NORM_MAX_M)
-        .rev()
-        .find(|&m| use_sums_prologue(m, k))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -293,30 +257,13 @@ mod tests {
     }
 
     #[test]
-    fn sums_grid_needs_one_wave() {
-        assert!(sums_grid_fits(896, 132, 9)); // 8B gate|up at 9 CTAs per SM
-        assert!(!sums_grid_fits(1792, 132, 9)); // 70B gate|up
-        assert!(sums_grid_fits(1188, 132, 9) && !sums_grid_fits(1189, 132, 9));
-        assert!(!sums_grid_fits(1, 132, 0));
-        assert!(sums_grid_fits(usize::MAX, usize::MAX, 2));
-    }
-
-    #[test]
-    fn sums_prologue_serves_two_rows_of_4096() {
-        assert_eq!(sums_max_m(4096), 2);
-        assert_eq!(sums_max_m(8192), 1);
-        assert_eq!(sums_max_m(16384), 0);
-        assert_eq!(sums_max_m(576), NORM_MAX_M);
-        assert_eq!(sums_max_m(0), 0);
-        assert!(use_sums_prologue(2, 4096) && !use_sums_prologue(3, 4096));
-        assert!(!use_sums_prologue(0, 64) && !use_sums_prologue(9, 64));
+    fn accumulator_norm_rule() {
         // The norm on the accumulator: 8B o / down (256 groups) up to 8 tokens, 70B's
         // 512-group o up to 4; never past one token tile or with no parts.
         assert!(accumulator_norm_serves(8, 256) && !accumulator_norm_serves(9, 16));
         assert!(accumulator_norm_serves(4, 512) && !accumulator_norm_serves(5, 512));
         assert!(!accumulator_norm_serves(0, 256) && !accumulator_norm_serves(1, 0));
         assert!(!accumulator_norm_serves(1, usize::MAX));
-        assert!(!use_sums_prologue(1, usize::MAX - 4));
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! [`AddRmsNorm::forward`](crate::norm::AddRmsNorm::forward), then the GEMV; the numerics
 //! are the same but for the order of the norm's f32 sum of squares.
 
-use super::cuda_norm::{forward_norm, NormGemvPlan, NormInput};
-use super::residual::NormSums;
+use super::cuda_norm::{forward_norm, NormGemvPlan};
 use crate::norm::AddRmsNorm;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
@@ -17,9 +16,6 @@ struct PackedNormGemv<'a> {
     plan: &'a NormGemvPlan,
     norm_w: u64,
     eps: f32,
-    /// The second input is the sums of squares of x's rows in this many parts (else a
-    /// delta).
-    parts: Option<usize>,
 }
 
 impl CustomOp1 for PackedNormGemv<'_> {
@@ -36,7 +32,7 @@ impl CustomOp1 for PackedNormGemv<'_> {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        forward_norm(self.plan, self.norm_w, self.eps, s, l, NormInput::None)
+        forward_norm(self.plan, self.norm_w, self.eps, s, l, None)
     }
 }
 
@@ -62,11 +58,7 @@ impl CustomOp2 for PackedNormGemv<'_> {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let input = match self.parts {
-            Some(parts) => NormInput::Sums(s2, l2, parts),
-            None => NormInput::Delta(s2, l2),
-        };
-        forward_norm(self.plan, self.norm_w, self.eps, s1, l1, input)
+        forward_norm(self.plan, self.norm_w, self.eps, s1, l1, Some((s2, l2)))
     }
 }
 
@@ -81,8 +73,23 @@ pub(crate) fn packed_norm_gemv(
     n_out: usize,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "packed NVFP4 GEMV (norm)";
-    let (m, op) = norm_op(OP, x, norm, plan, None)?;
-    let k = norm.dim();
+    let (m, k) = x.dims2()?;
+    if x.dtype() != DType::BF16 || norm.dim() != k {
+        bail!(
+            "{OP}: x must be BF16 [m, {}], got {:?} {:?}",
+            norm.dim(),
+            x.dtype(),
+            x.dims()
+        );
+    }
+    let Some(norm_w) = norm.cuda_weight_ptr() else {
+        bail!("{OP}: the norm weight is not on the GPU");
+    };
+    let op = PackedNormGemv {
+        plan,
+        norm_w,
+        eps: norm.eps(),
+    };
     let x = x.contiguous()?;
     match delta {
         None => {
@@ -104,58 +111,4 @@ pub(crate) fn packed_norm_gemv(
             Ok((s, y))
         }
     }
-}
-
-/// `gemv(rms_norm(s) · w_norm)` for the residual stream `s` BF16 `[m, K]` that a residual
-/// epilogue wrote with `sums` (its rows' sums of squares), through `plan` (the layer's
-/// sums plan; `n_out` its output width): the prologue only scales s.
-pub(crate) fn packed_sums_norm_gemv(
-    s: &Tensor,
-    sums: &NormSums,
-    norm: &AddRmsNorm,
-    plan: &Arc<NormGemvPlan>,
-    n_out: usize,
-) -> Result<Tensor> {
-    let (m, op) = norm_op(
-        "packed NVFP4 GEMV (norm, sums given)",
-        s,
-        norm,
-        plan,
-        Some(sums),
-    )?;
-    s.contiguous()?
-        .apply_op2_no_bwd(sums.buffer(), &op)?
-        .reshape((m, n_out))
-}
-
-/// Checks `x` (BF16 `[m, K]` of the norm's width; with `sums`, their `m` tokens) and makes
-/// the op: `(m, op)`.
-fn norm_op<'a>(
-    what: &str,
-    x: &Tensor,
-    norm: &AddRmsNorm,
-    plan: &'a Arc<NormGemvPlan>,
-    sums: Option<&NormSums>,
-) -> Result<(usize, PackedNormGemv<'a>)> {
-    let (m, k) = x.dims2()?;
-    let tokens_ok = sums.is_none_or(|s| s.tokens() == m);
-    if x.dtype() != DType::BF16 || norm.dim() != k || !tokens_ok {
-        bail!(
-            "{what}: x must be BF16 [m, {}] (with sums: m = their {:?} tokens), got {:?} {:?}",
-            norm.dim(),
-            sums.map(|s| s.tokens()),
-            x.dtype(),
-            x.dims()
-        );
-    }
-    let Some(norm_w) = norm.cuda_weight_ptr() else {
-        bail!("{what}: the norm weight is not on the GPU");
-    };
-    let op = PackedNormGemv {
-        plan,
-        norm_w,
-        eps: norm.eps(),
-        parts: sums.map(|s| s.parts()),
-    };
-    Ok((m, op))
 }

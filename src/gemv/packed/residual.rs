@@ -51,7 +51,9 @@ impl NormSums {
 #[cfg(feature = "cuda")]
 mod op {
     use crate::gemv::packed::cuda::PackedPlan;
-    use crate::gemv::packed::cuda_residual::{forward_residual, forward_scaled, sums_offset, xw_offset};
+    use crate::gemv::packed::cuda_residual::{
+        forward_residual, forward_scaled, sums_offset, xw_offset,
+    };
     use crate::gemv::packed::cuda_weight::WeightPtrs;
     use crate::gemv::packed::residual::NormSums;
     use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -142,7 +144,11 @@ mod op {
                 xw.dims()
             );
         }
-        let n_out = if plan.silu_mul { plan.layout.n / 2 } else { plan.layout.n };
+        let n_out = if plan.silu_mul {
+            plan.layout.n / 2
+        } else {
+            plan.layout.n
+        };
         let op = PackedScaledGemv {
             plan,
             w,
@@ -184,7 +190,10 @@ mod op {
         let s = both.narrow(0, 0, m * n)?.reshape((m, n))?;
         let buf = both.narrow(0, off, 2 * m * parts)?;
         let xw = if xw_w != 0 {
-            Some(both.narrow(0, xw_offset(m, n, parts)?, m * n)?.reshape((m, n))?)
+            Some(
+                both.narrow(0, xw_offset(m, n, parts)?, m * n)?
+                    .reshape((m, n))?,
+            )
         } else {
             None
         };
