@@ -40,12 +40,12 @@
 //
 // The norm on the accumulator (plain, pair, silu and staged variants, p.ss_in non-null):
 // x is such an xw, and p.ss_in[tok][ss_parts] the producer's sums of squares of s. Right
-// after griddepcontrol.wait every thread copies its share of them into shared memory
-// (cp.async, in flight through the main loop); in the finish warp 0 adds each token's
-// parts in a fixed order (lane q the parts q, q + 32, ..., then an xor tree: every lane
-// the same bits), m = bf16(sqrt(sum / K + eps)) as the norm kernel rounds it, and each
-// output is bf16(acc * out_scale / m) (silu_mul: gate and up each so, rounded, then
-// silu(gate) * up). So the GEMV computes rms_norm(s) * w . W^T without a norm kernel and
+// after griddepcontrol.wait every thread copies its share of them into the finish's
+// reduction buffer (cp.async, in flight through the main loop, no shared memory of its
+// own); after the loop warp r adds token r's parts in a fixed order (lane q the parts q,
+// q + 32, ..., then an xor tree: every lane the same bits), m = bf16(sqrt(sum / K + eps))
+// as the norm kernel rounds it, and each output is bf16(acc * out_scale / m) (silu_mul:
+// gate and up each so, rounded, then silu(gate) * up). So the GEMV computes rms_norm(s) * w . W^T without a norm kernel and
 // without a prologue; against the norm kernel's x = bf16(bf16(s / m) * w) the input differs
 // by at most one BF16 rounding per element.
 //
@@ -72,9 +72,10 @@ namespace {
 constexpr int MAX_THREADS = MAX_WARPS * 32;
 // Row stride of the residual epilogue's shared rows (two row tiles: the pair variants).
 constexpr int RSD_COLS = 32;
-// Most f32 parts (tokens x producer groups) the norm on the accumulator takes: 8 KiB
-// (src/gemv/packed/geometry.rs SS_MAX).
-constexpr int SS_MAX = 2048;
+// Most f32 parts (tokens x producer groups) the norm on the accumulator takes: they land in
+// the finish's reduction buffer `red` (its smallest form, one tile of one token tile:
+// MAX_WARPS x 32 float4) while the main loop runs (src/gemv/packed/geometry.rs SS_MAX).
+constexpr int SS_MAX = MAX_WARPS * 128;
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
 using cfp4::ld_stream_u32;
@@ -157,7 +158,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::
 template <int NT, bool SILU, bool PAIR>
 __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                                              const float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
-                                             float4* red, const __nv_bfloat16* rsd, const float* ssp, int group, int slice) {
+                                             float4* red, const __nv_bfloat16* rsd, const float* mrow, int group, int slice) {
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -216,25 +217,15 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
         if (lane == 0) p.counters[group] = 0;  // ready for the next call
     }
 
-    // The norm on the accumulator (ss_in on a plain or silu variant): each token's m from
-    // its parts in ssp (copied at the start), lanes in order then a fixed tree; else 1.
+    // The norm on the accumulator: each token's m (mrow, from pgemv); else 1.
     float mt[NT][2];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) mt[j][0] = mt[j][1] = 1.f;
-    if (ssp != nullptr) {
-        for (int tok = 0; tok < p.m; ++tok) {
-            float a = 0.f;
-            for (int q = lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, ssp[tok * p.ss_parts + q]);
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
-            const float mm = cfp4::norm_m(a, p.k, p.eps);
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (tok == 8 * j + 2 * t + e) mt[j][e] = mm;
+        for (int e = 0; e < 2; ++e) {
+            const int tok = 8 * j + 2 * t + e;
+            mt[j][e] = mrow != nullptr && tok < p.m ? mrow[tok] : 1.f;
         }
-    }
 
     // tot[ti][j] in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
@@ -472,7 +463,8 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
     __shared__ __nv_bfloat16 rsd[SILU ? 1 : 8 * NT * RSD_COLS];  // residual epilogue
-    __shared__ float ssp_buf[NORM ? 1 : SS_MAX];                  // the norm on the accumulator
+    __shared__ float mrow[NORM ? 1 : 8 * NT];                     // the norm on the accumulator
+    static_assert(sizeof(red) >= SS_MAX * sizeof(float), "the parts land in red");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int g = lane >> 2, t = lane & 3;
     const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
@@ -520,16 +512,15 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     if constexpr (!SILU) {
         if (p.resid != nullptr) rrows.load(p, rsd, group);
     }
-    // The norm on the accumulator: every token's parts into shared memory, in flight through
-    // the main loop (the host plans it only where m * ss_parts <= SS_MAX).
-    const float* ssp = nullptr;
-    if constexpr (!NORM) {
-        if (p.ss_in != nullptr) {
-            const int nss = p.m * p.ss_parts;
-            if (nss > SS_MAX) __trap();
-            for (int i = threadIdx.x; i < nss; i += blockDim.x) cfp4::cp_async_4(ssp_buf + i, p.ss_in + i);
-            ssp = ssp_buf;
-        }
+    // The norm on the accumulator: every token's parts into `red` (unused until the
+    // finish), in flight through the main loop (the host plans it only where
+    // m * ss_parts <= SS_MAX).
+    float* const ssp = reinterpret_cast<float*>(&red[0][0][0][0]);
+    const bool acc_norm = !NORM && p.ss_in != nullptr;
+    if (acc_norm) {
+        const int nss = p.m * p.ss_parts;
+        if (nss > SS_MAX || p.m > 8 * NT) __trap();
+        for (int i = threadIdx.x; i < nss; i += blockDim.x) cfp4::cp_async_4(ssp + i, p.ss_in + i);
     }
 
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
@@ -597,8 +588,23 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     if constexpr (!SILU) {
         if (p.resid != nullptr) rrows.store(p, rsd, group);
     }
-    if (ssp != nullptr) cfp4::cp_async_wait_all();  // before pgemv_finish's barrier
-    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], rsd, ssp, group, slice);
+    if (acc_norm) {
+        // Token r's m by warp r % warps: its parts in a fixed order (lane q adds the parts
+        // q, q + 32, ..., then an xor tree: every lane the same bits), m = bf16(sqrt(sum /
+        // K + eps)) as the norm kernel rounds it. The barriers order the copies before the
+        // sums and the sums before the finish writes red.
+        cfp4::cp_async_wait_all();
+        __syncthreads();
+        for (int r = warp; r < p.m; r += warps) {
+            float a = 0.f;
+            for (int q = lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, ssp[r * p.ss_parts + q]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
+            if (lane == 0) mrow[r] = cfp4::norm_m(a, p.k, p.eps);
+        }
+        __syncthreads();
+    }
+    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], rsd, acc_norm ? mrow : nullptr, group, slice);
 }
 
 }  // namespace

@@ -1,26 +1,28 @@
-//! The residual epilogue and the norm prologue that takes its sums of squares, on a GPU
+//! The residual epilogue and the norm on the accumulator that takes what it writes, on a GPU
 //! (feature `cuda`, needs an NVIDIA GPU): `QuantLinear::forward_residual` (o_proj /
 //! down_proj) and `QuantLinear::forward_add_norm_stream` (q|k|v / gate|up).
 //!
 //! - The epilogue: `s` must equal `resid + forward(x)` bit for bit (the same GEMV, the same
-//!   BF16 add), and the sums of squares must add up to Σ s² per token within the f32
-//!   summation bound (N terms, all positive: N·2⁻²⁴ relative).
-//! - The prologue: the producer's x is zero, so s = resid, multiples of 1/4 in [-2, 2]:
-//!   each s² is a multiple of 1/16 at most 4 and every partial sum of up to 4096 of them is
-//!   exact in f32 in any order, so the normalized row is the CPU norm's `h` bit for bit and
-//!   the output is checked against the FP64 product `h · Wᵀ · gs` with the GEMV's derived
-//!   bound (`gemv_gpu_common::check`). A second call must give the same bits.
-//! - Shapes: the Llama-3.1-8B o → q|k|v and down's K (4096: one and two tokens fused, three
-//!   not), SmolLM2's o → gate|up with silu (K = 576: up to 8 tokens), and an awkward
-//!   producer [1024, 320] (5 chunks of 64) feeding a [272, 1024] silu layer (up to 7
-//!   tokens); where the prologue does not serve M the stream falls back to the norm kernel
-//!   with the same values.
+//!   BF16 add); the sums of squares must add up to Σ s² per token within the f32 summation
+//!   bound (N terms, all positive: N·2⁻²⁴ relative); `xw` must be `bf16(s · w)` bit for
+//!   bit (the f32 product of two BF16 is exact, then one rounding).
+//! - The consumer: its output against the FP64 product `xw · Wᵀ · gs / m` with the GEMV's
+//!   derived bound (`gemv_gpu_common::check`: FP32 accumulation of K terms, one BF16
+//!   rounding; the f32 division adds 2⁻²⁴ relative, inside it), where `m` is computed from
+//!   the kernel's own f32 parts in the kernel's order and rounding (`kernel_m`). A second
+//!   call must give the same bits; a stream with both a delta and sums is an error; a norm
+//!   other than the one `xw` was made for falls back to the norm kernel, bit for bit.
+//! - Which calls are served: the producer where `accumulator_norm_serves(m, its parts)`,
+//!   the consumer up to one token tile; past them the stream keeps the delta.
+//! - Shapes: the Llama-3.1-8B o → q|k|v and down's K, SmolLM2's o → gate|up with silu
+//!   (K = 576), and an awkward producer [1024, 320] (5 chunks of 64) feeding a [272, 1024]
+//!   silu layer.
 #![cfg(feature = "cuda")]
 
 mod gemv_gpu_common;
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_fp4::gemv::packed::NORM_MAX_M;
+use candle_fp4::gemv::packed::{accumulator_norm_serves, NORM_MAX_M};
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::dequantize_rows;
 use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
@@ -73,14 +75,24 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
     let w = Tensor::from_vec(wv, hidden, &Device::Cpu)?.to_dtype(DType::BF16)?;
     let norm_gpu = AddRmsNorm::new(&w.to_device(&dev)?, EPS)?;
     let wf = w.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-    for m in [1usize, 2, 3, NORM_MAX_M, NORM_MAX_M + 1] {
+    // The producer's parts (its CTA groups), from a call the rule serves.
+    let parts1 = {
+        let resid = Tensor::zeros((1, hidden), DType::BF16, &dev)?;
+        let x = quarters(1, k_in, &mut rng)?.to_device(&dev)?;
+        let r = prod.forward_residual(&x, &resid, Some(&norm_gpu))?;
+        r.sums
+            .as_ref()
+            .map(|s| s.parts())
+            .expect("one token is always served")
+    };
+    for m in [1usize, 2, 3, 4, 5, NORM_MAX_M, NORM_MAX_M + 1] {
         let what = format!("[{hidden}, {k_in}] -> [{n2}, {hidden}] silu {silu} m {m}");
         let (writes, _) = prod.fuses_residual(m, false);
         let (_, takes) = cons.fuses_residual(m, silu);
+        let served = accumulator_norm_serves(m, parts1);
         assert_eq!(
-            writes,
-            m <= NORM_MAX_M,
-            "{what}: which M the producer adds for"
+            writes, served,
+            "{what}: which M the producer adds for ({parts1} parts)"
         );
         assert_eq!(
             takes,
@@ -91,10 +103,10 @@ fn run(hidden: usize, k_in: usize, n2: usize, silu: bool, seed: u64) -> R<()> {
         let resid = quarters(m, hidden, &mut rng)?.to_device(&dev)?;
         let r = prod.forward_residual(&x, &resid, Some(&norm_gpu))?;
         if !writes {
-            // Past one token tile the stream keeps the delta (the norm kernel adds).
+            // Past the rule the stream keeps the delta (the norm kernel adds).
             assert!(
                 r.sums.is_none() && r.xw.is_none(),
-                "{what}: sums past the tile"
+                "{what}: sums past the rule"
             );
             assert_eq!(bits(r.delta.as_ref().unwrap())?, bits(&prod.forward(&x)?)?);
             continue;

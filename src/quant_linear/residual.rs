@@ -171,7 +171,9 @@ impl QuantLinear {
 
     /// Whether [`forward_residual`](Self::forward_residual) of `m` tokens adds in the GEMV's
     /// epilogue, and whether [`forward_add_norm_stream`](Self::forward_add_norm_stream) of
-    /// `m` tokens given sums runs the norm in the GEMV's prologue: for tests and benchmarks.
+    /// `m` tokens can run the norm on its accumulator (given a stream whose parts
+    /// [`accumulator_norm_serves`](crate::gemv::packed::accumulator_norm_serves) with `m`):
+    /// for tests and benchmarks.
     #[doc(hidden)]
     pub fn fuses_residual(&self, m: usize, silu_mul: bool) -> (bool, bool) {
         #[cfg(feature = "cuda")]
@@ -181,7 +183,8 @@ impl QuantLinear {
                 && self.plans.packed_plan(m, false).is_some_and(|(p, _)| {
                     crate::gemv::packed::accumulator_norm_serves(m, p.groups())
                 });
-            let takes = self.plans.packed_plan(m, silu_mul).is_some();
+            let takes = (1..=crate::gemv::packed::NORM_MAX_M).contains(&m)
+                && self.plans.packed_plan(m, silu_mul).is_some();
             return (writes, takes);
         }
         let _ = (m, silu_mul);
