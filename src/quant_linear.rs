@@ -23,8 +23,10 @@ mod forward;
 mod layer;
 mod load;
 mod plan;
+mod residual;
 mod weight;
 
 pub use forward::silu_mul_halves;
 pub use layer::QuantLinear;
 pub use plan::use_gemv;
+pub use residual::ResidualStream;

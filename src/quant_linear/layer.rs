@@ -22,6 +22,9 @@ pub struct QuantLinear {
     /// Whether the norm kernel in front of this layer asks L2 for its weights
     /// ([`set_l2_prefetch`](Self::set_l2_prefetch)).
     pub(super) l2_prefetch: bool,
+    /// Whether `forward_residual` may add in the GEMV's epilogue
+    /// ([`set_residual_sums`](Self::set_residual_sums)).
+    pub(super) residual_sums: bool,
 }
 
 /// A bias checked to be `[n]`, as BF16 on `device`.
@@ -79,6 +82,7 @@ impl QuantLinear {
             k,
             plans,
             l2_prefetch: true,
+            residual_sums: false,
         })
     }
 
@@ -131,6 +135,7 @@ impl QuantLinear {
             k,
             plans,
             l2_prefetch: true,
+            residual_sums: false,
         })
     }
 
@@ -159,6 +164,7 @@ impl QuantLinear {
             k,
             plans,
             l2_prefetch: true,
+            residual_sums: false,
         })
     }
 

@@ -254,6 +254,31 @@ pub(super) fn finish_plan(
 }
 
 impl PackedPlan {
+    /// Checks `x` (layout `lx`) against the plan: `(m, row stride)` of a BF16 `[m, K]` with
+    /// unit inner stride and 16-byte rows, `1 ≤ m ≤` the plan's tokens.
+    pub(super) fn check_x(&self, op: &str, lx: &Layout) -> Result<(usize, usize)> {
+        let l = &self.layout;
+        let (m, k) = lx.shape().dims2()?;
+        let st = lx.stride();
+        let rs = if m == 1 { k } else { st[0] };
+        if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
+            bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
+        }
+        if k != l.k || m == 0 || m > self.max_m {
+            bail!(
+                "{op}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
+                l.k,
+                self.max_m
+            );
+        }
+        Ok((m, rs))
+    }
+
+    /// CTA groups of a launch (the residual epilogue's parts of the sums of squares).
+    pub(crate) fn groups(&self) -> usize {
+        self.groups
+    }
+
     /// The kernel that serves `m` tokens under this plan (the staged one up to its token
     /// count), or `None` past the plan's tokens.
     pub(crate) fn kernel_for(&self, m: usize) -> Option<&str> {
@@ -266,7 +291,7 @@ impl PackedPlan {
 
     /// The function and launch for `m` tokens (`1 ≤ m ≤ max_m`, checked by the caller):
     /// the staged kernel with its shared memory up to its token count, else the plan's.
-    fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
+    pub(super) fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
         match &self.staged {
             Some(s) if m <= s.max_m => (
                 &s.f,
@@ -281,7 +306,7 @@ impl PackedPlan {
     }
 
     /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer
-    /// 0 (the caller sets them) and the norm fields off.
+    /// 0 (the caller sets them), the norm fields and the residual epilogue off.
     pub(super) fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
         let l = &self.layout;
         PackedGemvParams {
@@ -307,6 +332,13 @@ impl PackedPlan {
             sum: 0,
             eps: 0.0,
             pad2: 0,
+            resid: 0,
+            ss_out: 0,
+            ss_in: 0,
+            ss_parts: 0,
+            pad3: 0,
+            xw_w: 0,
+            xw_out: 0,
         }
     }
 }
@@ -328,19 +360,7 @@ pub(crate) fn forward(
     let l = &plan.layout;
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k) = lx.shape().dims2()?;
-    let st = lx.stride();
-    let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-        bail!("{OP}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-    }
-    if k != l.k || m == 0 || m > plan.max_m {
-        bail!(
-            "{OP}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
-            l.k,
-            plan.max_m
-        );
-    }
+    let (m, rs) = plan.check_x(OP, lx)?;
     let (c0, c1) = contiguous_range(OP, "packed codes", lc)?;
     let (s0, s1) = contiguous_range(OP, "packed scales", ls)?;
     if c1 - c0 != l.code_bytes() || s1 - s0 != l.scale_words() || c0 % 16 != 0 {
