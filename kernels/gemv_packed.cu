@@ -155,7 +155,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::
 
 // Sums the warps' accumulators through shared memory `red` ([warps][TILES][NT][32]
 // float4), adds the K slices when split > 1 and writes the output with the epilogue.
-template <int NT, bool SILU, bool PAIR>
+template <int NT, bool SILU, bool PAIR, bool FS>
 __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                                              const float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
                                              float4* red, const __nv_bfloat16* rsd, const float* mrow, int group, int slice) {
@@ -224,12 +224,12 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int tok = 8 * j + 2 * t + e;
-            mt[j][e] = mrow != nullptr && tok < p.m ? mrow[tok] : 1.f;
+            mt[j][e] = FS && mrow != nullptr && tok < p.m ? mrow[tok] : 1.f;
         }
 
     // tot[ti][j] in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    const bool res = !SILU && p.resid != nullptr;
+    const bool res = FS && !SILU && p.resid != nullptr;
     float ss[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -282,6 +282,7 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
             }
         }
     }
+    if constexpr (!FS) return;
     if (!res || p.ss_out == nullptr) return;
     // Each token's sum over the 16 * TILES rows: lanes with the same t hold the same tokens.
 #pragma unroll
@@ -455,15 +456,19 @@ __device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16
 
 // U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
 // parameter, src/variants.rs).
-template <int NT, bool SILU, int U, XSrc XS, bool PAIR>
+// FS: the fused-stream twin (the residual epilogue and the norm on the accumulator, both
+// still off unless their pointers are set); without it neither is compiled in, so the
+// kernels the rest of a step runs keep their registers (the staged U = 5 kernel is at the
+// cap: with the tail compiled in it spills, and every call was slower).
+template <int NT, bool SILU, int U, XSrc XS, bool PAIR, bool FS>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     static_assert(XS != XSrc::Staged || (NT == 1 && !SILU && !PAIR), "the staged kernels are plain, one tile");
     constexpr bool NORM = XS == XSrc::Norm;
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
-    __shared__ __nv_bfloat16 rsd[SILU ? 1 : 8 * NT * RSD_COLS];  // residual epilogue
-    __shared__ float mrow[NORM ? 1 : 8 * NT];                     // the norm on the accumulator
+    __shared__ __nv_bfloat16 rsd[SILU || !FS ? 1 : 8 * NT * RSD_COLS];  // residual epilogue
+    __shared__ float mrow[FS ? 8 * NT : 1];                              // the norm on the accumulator
     static_assert(sizeof(red) >= SS_MAX * sizeof(float), "the parts land in red");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int g = lane >> 2, t = lane & 3;
@@ -509,14 +514,14 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // session, docs/logs/s25/), 5 to 13 µs less per decode step on every row.
     griddep_launch_dependents();
     ResidRows<NT, PAIR> rrows;
-    if constexpr (!SILU) {
+    if constexpr (FS && !SILU) {
         if (p.resid != nullptr) rrows.load(p, rsd, group);
     }
     // The norm on the accumulator: every token's parts into `red` (unused until the
     // finish), in flight through the main loop (the host plans it only where
     // m * ss_parts <= SS_MAX).
     float* const ssp = reinterpret_cast<float*>(&red[0][0][0][0]);
-    const bool acc_norm = !NORM && p.ss_in != nullptr;
+    const bool acc_norm = FS && !NORM && p.ss_in != nullptr;
     if (acc_norm) {
         const int nss = p.m * p.ss_parts;
         if (nss > SS_MAX || p.m > 8 * NT) __trap();
@@ -585,7 +590,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     }
 
-    if constexpr (!SILU) {
+    if constexpr (FS && !SILU) {
         if (p.resid != nullptr) rrows.store(p, rsd, group);
     }
     if (acc_norm) {
@@ -604,7 +609,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
         __syncthreads();
     }
-    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], rsd, acc_norm ? mrow : nullptr, group, slice);
+    pgemv_finish<NT, SILU, PAIR, FS>(p, acc, &red[0][0][0][0], rsd, acc_norm ? mrow : nullptr, group, slice);
 }
 
 }  // namespace
@@ -612,15 +617,15 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 // Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
 constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >= 8 ? 1 : 2; }
 
-// XS: Global, Norm or Staged (XSrc).
-#define CFP4_PGEMV(NT, SILU, U, XS, NAME)                                                                  \
+// XS: Global, Norm or Staged (XSrc); FS: the fused-stream twin (true / false).
+#define CFP4_PGEMV(NT, SILU, U, XS, FS, NAME)                                                              \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU, U, XSrc::XS, false>(p);                                                            \
+        pgemv<NT, SILU, U, XSrc::XS, false, FS>(p);                                                        \
     }
 // Plain, one token tile, two row tiles per group (groups = ceil(tiles / 2)).
-#define CFP4_PGEMV_PAIR(U, NAME)                                                                           \
+#define CFP4_PGEMV_PAIR(U, FS, NAME)                                                                       \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<1, false, U, XSrc::Global, true>(p);                                                                \
+        pgemv<1, false, U, XSrc::Global, true, FS>(p);                                                            \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).

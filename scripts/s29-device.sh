@@ -32,6 +32,7 @@ abws)
     pack_logs abws
     ;;
 abacc)
+    t gpu_residual_sums_acc 200
     t gpu_decode_graph_acc 300
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abacc decode_bench decode_bench_acc "decode_bench_acc CFP4_DECODE_RESIDUAL_SUMS=1"

@@ -30,8 +30,8 @@ use candle_fp4::gemv::PackedNvfp4;
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::{swizzle_blockscale_bytes, swizzled_shape};
 use candle_fp4::variants::{
-    pgemv_instances, pgemv_kernel_name, pgemv_norm_kernel_name, pgemv_pair_kernel_name,
-    pgemv_staged_kernel_name, PGEMV_KERNELS, PGEMV_NORM_KERNELS, PGEMV_PAIR_U, PGEMV_STAGED_U,
+    pgemv_fs_name, pgemv_instances, pgemv_kernel_name, pgemv_norm_kernel_name,
+    pgemv_pair_kernel_name, pgemv_staged_kernel_name, PGEMV_PAIR_U,
 };
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -186,6 +186,12 @@ fn write_case(dir: &Path, i: usize, c: &Case, inp: &Inputs, rng: &mut StdRng) ->
     std::fs::create_dir_all(&d).unwrap();
     let l = inp.w.layout();
     let (kname, two) = kernel(c.kind);
+    // The residual epilogue and the norm on the accumulator live in the fused-stream twins.
+    let kname = if c.resid || c.ss_parts > 0 {
+        pgemv_fs_name(&kname)
+    } else {
+        kname
+    };
     let nt = match c.kind {
         Kind::Plain { nt, .. } | Kind::Silu { nt, .. } => nt,
         _ => 1,
@@ -564,7 +570,8 @@ fn cases() -> Vec<Case> {
             xw: true,
             ..base.clone()
         },
-        // The residual epilogue: after a split-K sum, with an odd pair tile, 27 tokens.
+        // The residual epilogue (the fused-stream twins: one token tile): after a split-K
+        // sum, with an odd pair tile, 7 tokens over 3 warps.
         Case {
             m: 4,
             split: 2,
@@ -579,10 +586,10 @@ fn cases() -> Vec<Case> {
             ..base.clone()
         },
         Case {
-            kind: p(4, 2),
-            m: 27,
+            m: 7,
             n: 48,
             k: 128,
+            warps: 3,
             resid: true,
             ..base.clone()
         },
@@ -653,19 +660,11 @@ fn emulated_source() -> String {
 
 /// `{"name", name},` for every kernel of the instances file.
 fn registry() -> String {
-    let mut names: Vec<String> = PGEMV_KERNELS
-        .iter()
-        .map(|&(nt, silu, u)| pgemv_kernel_name(silu, nt, u))
-        .collect();
-    names.extend(
-        PGEMV_NORM_KERNELS
-            .iter()
-            .map(|&(nt, silu, u)| pgemv_norm_kernel_name(silu, nt, u)),
-    );
-    names.extend(PGEMV_STAGED_U.iter().map(|&u| pgemv_staged_kernel_name(u)));
-    names.push(pgemv_pair_kernel_name(PGEMV_PAIR_U));
-    names
-        .iter()
+    // Every instance `pgemv_instances` writes (its last macro argument is the name).
+    pgemv_instances()
+        .lines()
+        .filter(|l| l.starts_with("CFP4_PGEMV"))
+        .filter_map(|l| l.trim_end_matches(')').rsplit(", ").next())
         .map(|n| format!("{{\"{n}\", {n}}},\n"))
         .collect()
 }

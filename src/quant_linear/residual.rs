@@ -128,7 +128,11 @@ impl QuantLinear {
                 && xw.dims() == [m, self.k]
                 && crate::gemv::packed::accumulator_norm_serves(m, sums.parts())
             {
-                if let Some((plan, w)) = self.plans.packed_plan(m, silu_mul) {
+                if let Some((plan, w)) = self
+                    .plans
+                    .packed_plan(m, silu_mul)
+                    .filter(|(p, _)| p.has_fs(m))
+                {
                     let y = crate::gemv::packed::packed_scaled_gemv(xw, sums, norm.eps(), plan, w)?;
                     return Ok((r.x.clone(), y));
                 }
@@ -161,9 +165,9 @@ impl QuantLinear {
                     && resid.dtype() == DType::BF16
                     && (1..=crate::gemv::packed::NORM_MAX_M).contains(m) =>
             {
-                self.plans
-                    .packed_plan(*m, false)
-                    .filter(|(p, _)| crate::gemv::packed::accumulator_norm_serves(*m, p.groups()))
+                self.plans.packed_plan(*m, false).filter(|(p, _)| {
+                    p.has_fs(*m) && crate::gemv::packed::accumulator_norm_serves(*m, p.groups())
+                })
             }
             _ => None,
         }
@@ -181,10 +185,13 @@ impl QuantLinear {
             let writes = self.residual_sums
                 && !silu_mul
                 && self.plans.packed_plan(m, false).is_some_and(|(p, _)| {
-                    crate::gemv::packed::accumulator_norm_serves(m, p.groups())
+                    p.has_fs(m) && crate::gemv::packed::accumulator_norm_serves(m, p.groups())
                 });
             let takes = (1..=crate::gemv::packed::NORM_MAX_M).contains(&m)
-                && self.plans.packed_plan(m, silu_mul).is_some();
+                && self
+                    .plans
+                    .packed_plan(m, silu_mul)
+                    .is_some_and(|(p, _)| p.has_fs(m));
             return (writes, takes);
         }
         let _ = (m, silu_mul);

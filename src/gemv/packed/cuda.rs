@@ -13,8 +13,8 @@ use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{
-    pgemv_depths, pgemv_kernel_name, pgemv_pair_kernel_name, pgemv_staged_kernel_name, PGEMV_NTS,
-    PGEMV_PAIR_U, PGEMV_STAGED_U,
+    pgemv_depths, pgemv_fs_name, pgemv_kernel_name, pgemv_pair_kernel_name,
+    pgemv_staged_kernel_name, PGEMV_NTS, PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -39,6 +39,9 @@ pub(crate) fn tile_for(m: usize) -> usize {
 #[derive(Debug)]
 pub(crate) struct PackedPlan {
     pub(super) f: CudaFunction,
+    /// `f`'s fused-stream twin (`variants::pgemv_fs_name`: the residual epilogue and the
+    /// norm on the accumulator), where the kernel has one (one token tile).
+    f_fs: Option<CudaFunction>,
     /// The kernel's name (for tests and `tune`'s tables; never read per call).
     name: String,
     pub(super) launch: Launch,
@@ -63,6 +66,8 @@ pub(crate) struct PackedPlan {
 #[derive(Debug)]
 struct StagedKernel {
     f: CudaFunction,
+    /// `f`'s fused-stream twin, with the same shared memory allowance.
+    f_fs: CudaFunction,
     name: String,
     max_m: usize,
     row_bytes: u32,
@@ -133,7 +138,9 @@ pub(crate) fn plan(
         let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(l.pair_groups(), l.npairs, fa.sms, &occ);
         let pdl = pdl && image.has_sm90_features();
-        return finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl);
+        let mut p = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl)?;
+        p.f_fs = Some(loaded.function(&pgemv_fs_name(&p.name))?.0);
+        return Ok(p);
     }
     let groups = l.groups(silu_mul);
     let depths = pgemv_depths(nt, silu_mul);
@@ -153,6 +160,9 @@ pub(crate) fn plan(
     };
     let pdl = pdl && image.has_sm90_features();
     let mut p = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
+    if nt == 1 {
+        p.f_fs = Some(loaded.function(&pgemv_fs_name(&p.name))?.0);
+    }
     if !silu_mul && nt == 1 && stage_suits(groups * split, fa.sms) {
         p.staged = plan_staged(
             &loaded,
@@ -195,6 +205,7 @@ fn plan_staged(
         .max(0) as usize;
     let cap = smem_optin.saturating_sub(fixed);
     let f = loaded.function_with_smem(&name, cap)?;
+    let f_fs = loaded.function_with_smem(&pgemv_fs_name(&name), cap)?;
     let per_sm = ctas.div_ceil(sms.max(1)) as u32;
     let avail = f
         .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
@@ -206,6 +217,7 @@ fn plan_staged(
     Ok(match row_bytes {
         Some(row_bytes) if max_m > 0 => Some(StagedKernel {
             f,
+            f_fs,
             name,
             max_m,
             row_bytes,
@@ -234,6 +246,7 @@ pub(super) fn finish_plan(
     let (ctas, (partial, counters)) = grid_and_workspace(dev, groups, split, tiles, nt)?;
     Ok(PackedPlan {
         f,
+        f_fs: None,
         name,
         staged: None,
         launch: Launch {
@@ -303,6 +316,26 @@ impl PackedPlan {
             ),
             _ => (&self.f, self.launch),
         }
+    }
+
+    /// [`launch_for`](Self::launch_for) with the fused-stream twins (the residual epilogue,
+    /// the norm on the accumulator), or `None` where the kernel has none.
+    pub(super) fn launch_fs(&self, m: usize) -> Option<(&CudaFunction, Launch)> {
+        match &self.staged {
+            Some(s) if m <= s.max_m => Some((
+                &s.f_fs,
+                Launch {
+                    smem: m as u32 * s.row_bytes,
+                    ..self.launch
+                },
+            )),
+            _ => self.f_fs.as_ref().map(|f| (f, self.launch)),
+        }
+    }
+
+    /// Whether [`launch_fs`](Self::launch_fs) serves `m` tokens.
+    pub(crate) fn has_fs(&self, m: usize) -> bool {
+        m >= 1 && m <= self.max_m && self.launch_fs(m).is_some()
     }
 
     /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer

@@ -87,7 +87,9 @@ pub(crate) fn forward_scaled(
             ss_parts: parts as i32,
             ..plan.params(m, rs, w.global_scale)
         };
-        let (f, how) = plan.launch_for(m);
+        let Some((f, how)) = plan.launch_fs(m) else {
+            bail!("{OP}: the plan's kernel has no fused-stream twin");
+        };
         unsafe { launch(&stream, f, how, &p)? };
     }
     Ok((
@@ -162,7 +164,9 @@ pub(crate) fn forward_residual(
             },
             ..plan.params(m, rs, w.global_scale)
         };
-        let (f, how) = plan.launch_for(m);
+        let Some((f, how)) = plan.launch_fs(m) else {
+            bail!("{OP}: the plan's kernel has no fused-stream twin");
+        };
         unsafe { launch(&stream, f, how, &p)? };
     }
     Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(total)))
