@@ -203,13 +203,25 @@ fn plan_staged(
         .shared_size_bytes()
         .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
         .max(0) as usize;
-    let cap = smem_optin.saturating_sub(fixed);
+    // The fused-stream twin has a little more static shared memory (its residual rows):
+    // both get what the device leaves the larger, so one plan serves either.
+    let fs_name = pgemv_fs_name(&name);
+    let (f_fs, _) = loaded.function(&fs_name)?;
+    let fixed_fs = f_fs
+        .shared_size_bytes()
+        .map_err(|e| cuda_err(&format!("static shared memory of {fs_name}"), e))?
+        .max(0) as usize;
+    let cap = smem_optin.saturating_sub(fixed.max(fixed_fs));
     let f = loaded.function_with_smem(&name, cap)?;
-    let f_fs = loaded.function_with_smem(&pgemv_fs_name(&name), cap)?;
+    let f_fs = loaded.function_with_smem(&fs_name, cap)?;
     let per_sm = ctas.div_ceil(sms.max(1)) as u32;
     let avail = f
         .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
         .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
+    let avail_fs = f_fs
+        .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
+        .map_err(|e| cuda_err(&format!("shared memory per CTA of {fs_name}"), e))?;
+    let avail = avail.min(avail_fs);
     let slice_k = staged_slice_k(l.k, l.npairs, split);
     let max_m = staged_max_m(slice_k, avail.min(cap));
     // max_m > 0: one row fits the device's shared memory per CTA, so it fits u32.
