@@ -11,6 +11,7 @@
 # abacc: the norm on the accumulator (docs/logs/s29/prediction-acc-norm.md): decode_bench
 #   (main) / decode_bench_acc with the knob off / on (CFP4_DECODE_RESIDUAL_SUMS=1), after
 #   gpu_decode_graph_acc (graph against eager with the knob on, 300 steps).
+# tracc: ncu over one 8B b1 graph step of decode_bench_acc, path off / on (per kernel).
 # Any other step is scripts/s28-device.sh's (and through it s27's, s26's, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,10 @@ abacc)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows abacc decode_bench decode_bench_acc "decode_bench_acc CFP4_DECODE_RESIDUAL_SUMS=1"
     pack_logs abacc
+    ;;
+tracc)
+    TRACE_BIN=decode_bench_acc trace "8b nvfp4 b1 ctx512 kvbf16 graph" acc-off
+    CFP4_DECODE_RESIDUAL_SUMS=1 TRACE_BIN=decode_bench_acc trace "8b nvfp4 b1 ctx512 kvbf16 graph" acc-on
     ;;
 *)
     bash scripts/s28-device.sh "$step"

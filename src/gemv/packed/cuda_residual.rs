@@ -53,13 +53,13 @@ pub(crate) fn forward_scaled(
     let l = &plan.layout;
     let (m, rs) = plan.check_x(OP, lx)?;
     let (s0, s1) = contiguous_range(OP, "sums of squares", ls)?;
-    if !super::accumulator_norm_serves(m, parts)
+    if !super::geometry::accumulator_norm_serves(m, parts)
         || s1 - s0 != 2 * m * parts
         || !s0.is_multiple_of(2)
     {
         bail!(
             "{OP}: {m} tokens of {parts} parts (at most {} f32) in {} BF16 at {s0}",
-            super::SS_MAX,
+            super::geometry::SS_MAX,
             s1 - s0
         );
     }
