@@ -30,25 +30,6 @@
 // stream after the add). Only the order of the sum of squares differs from the norm
 // kernel's (a warp tree here, over another thread count).
 //
-// Residual epilogue (plain and pair variants, p.resid non-null): the output row is
-// s = bf16(resid + bf16(y)), the residual stream after the add the next norm would have
-// done, and p.ss_out[tok][group] = the f32 sum of s^2 over the group's rows (a shuffle
-// tree in a fixed order: deterministic). The CTA loads its rows of resid right after
-// griddepcontrol.wait and keeps them in registers through the main loop (ResidRows), so
-// the tail adds from shared memory without another L2 round trip. With p.xw_out it also
-// writes xw = bf16(s * xw_w), the next RMSNorm's weight applied.
-//
-// The norm on the accumulator (plain, pair, silu and staged variants, p.ss_in non-null):
-// x is such an xw, and p.ss_in[tok][ss_parts] the producer's sums of squares of s. Right
-// after griddepcontrol.wait every thread copies its share of them into the finish's
-// reduction buffer (cp.async, in flight through the main loop, no shared memory of its
-// own); after the loop warp r adds token r's parts in a fixed order (lane q the parts q,
-// q + 32, ..., then an xor tree: every lane the same bits), m = bf16(sqrt(sum / K + eps))
-// as the norm kernel rounds it, and each output is bf16(acc * out_scale / m) (silu_mul:
-// gate and up each so, rounded, then silu(gate) * up). So the GEMV computes rms_norm(s) * w . W^T without a norm kernel and
-// without a prologue; against the norm kernel's x = bf16(bf16(s / m) * w) the input differs
-// by at most one BF16 rounding per element.
-//
 // Staged variants (plain, one token tile, one row tile per group): right after
 // griddepcontrol.wait each CTA copies the M rows of x over its own K slice
 // [128 s0, 128 s0 + len) into dynamic shared memory ([M][len + 8] bf16, len a multiple of
@@ -70,12 +51,6 @@ namespace {
 #include "gemv_packed_instances.inc"
 #undef CFP4_PGEMV_CONFIG
 constexpr int MAX_THREADS = MAX_WARPS * 32;
-// Row stride of the residual epilogue's shared rows (two row tiles: the pair variants).
-constexpr int RSD_COLS = 32;
-// Most f32 parts (tokens x producer groups) the norm on the accumulator takes: they land in
-// the finish's reduction buffer `red` (its smallest form, one tile of one token tile:
-// MAX_WARPS x 32 float4) while the main loop runs (src/gemv/packed/geometry.rs SS_MAX).
-constexpr int SS_MAX = MAX_WARPS * 128;
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
 using cfp4::ld_stream_u32;
@@ -155,10 +130,10 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::
 
 // Sums the warps' accumulators through shared memory `red` ([warps][TILES][NT][32]
 // float4), adds the K slices when split > 1 and writes the output with the epilogue.
-template <int NT, bool SILU, bool PAIR, bool FS>
+template <int NT, bool SILU, bool PAIR>
 __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                                              const float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
-                                             float4* red, const __nv_bfloat16* rsd, const float* mrow, int group, int slice) {
+                                             float4* red, int group, int slice) {
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -217,25 +192,8 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
         if (lane == 0) p.counters[group] = 0;  // ready for the next call
     }
 
-    // The norm on the accumulator: each token's m (mrow, from pgemv); else 1.
-    float mt[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int tok = 8 * j + 2 * t + e;
-            mt[j][e] = FS && mrow != nullptr && tok < p.m ? mrow[tok] : 1.f;
-        }
-
     // tot[ti][j] in the mma C layout: (row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    const bool res = FS && !SILU && p.resid != nullptr;
-    float ss[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        ss[j][0] = 0.f;
-        ss[j][1] = 0.f;
-    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -251,8 +209,8 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                     if (q >= half) continue;
                     const float v1 = e == 0 ? (r == 0 ? tot[TILES - 1][j].x : tot[TILES - 1][j].z)
                                             : (r == 0 ? tot[TILES - 1][j].y : tot[TILES - 1][j].w);
-                    const float gate = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(v0 * p.out_scale, mt[j][e])));
-                    const float up = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(v1 * p.out_scale, mt[j][e])));
+                    const float gate = __bfloat162float(__float2bfloat16_rn(v0 * p.out_scale));
+                    const float up = __bfloat162float(__float2bfloat16_rn(v1 * p.out_scale));
                     const float silu = gate / (1.0f + expf(-gate));
                     out[size_t(tok) * half + q] = __float2bfloat16_rn(silu * up);
                 } else {
@@ -265,92 +223,13 @@ __device__ __forceinline__ void pgemv_finish(const PackedGemvParams& p,
                         const float4 v = tot[ti][j];
                         const float vv = e == 0 ? (r == 0 ? v.x : v.z) : (r == 0 ? v.y : v.w);
                         const int row = real_row(16 * tl + g + 8 * r, p.n, p.half_pad);
-                        if (row < 0) continue;
-                        __nv_bfloat16 y = __float2bfloat16_rn(__fdiv_rn(vv * p.out_scale, mt[j][e]));
-                        if (res) {
-                            y = __hadd_rn(rsd[tok * RSD_COLS + 16 * ti + g + 8 * r], y);
-                            ss[j][e] = cfp4::add_square(ss[j][e], __bfloat162float(y));
-                            if (p.xw_out != nullptr) {
-                                const float wv = __bfloat162float(static_cast<const __nv_bfloat16*>(p.xw_w)[row]);
-                                static_cast<__nv_bfloat16*>(p.xw_out)[size_t(tok) * p.n + row] =
-                                    __float2bfloat16_rn(__fmul_rn(__bfloat162float(y), wv));
-                            }
-                        }
-                        out[size_t(tok) * p.n + row] = y;
+                        if (row >= 0) out[size_t(tok) * p.n + row] = __float2bfloat16_rn(vv * p.out_scale);
                     }
                 }
             }
         }
     }
-    if constexpr (!FS) return;
-    if (!res || p.ss_out == nullptr) return;
-    // Each token's sum over the 16 * TILES rows: lanes with the same t hold the same tokens.
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float a = ss[j][e];
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
-            const int tok = 8 * j + 2 * t + e;
-            if (g == 0 && tok < p.m) p.ss_out[size_t(tok) * p.groups + group] = a;
-        }
 }
-
-// Residual epilogue: element i of the CTA's rows of resid, as rsd holds them
-// ([8 * NT][RSD_COLS] bf16: token, then the group's row 16 * ti + r), or -1 when it is not
-// read (a token past m, a padding row, a pair's missing tile).
-template <int NT, bool PAIR>
-__device__ __forceinline__ long resid_index(const PackedGemvParams& p, int group, int i) {
-    constexpr int TILES = PAIR ? 2 : 1;
-    const int tok = i / (16 * TILES), c = i % (16 * TILES), ti = c / 16;
-    const int tl = PAIR ? 2 * group + ti : group;
-    if (i >= 8 * NT * 16 * TILES || tok >= p.m || (PAIR && tl >= packed_tiles(p))) return -1;
-    const int row = real_row(16 * tl + c % 16, p.n, p.half_pad);
-    return row < 0 ? -1 : long(tok) * p.n + row;
-}
-
-// The residual epilogue's reads of resid, issued right after griddep_wait (the previous
-// kernels wrote it) and stored into rsd only after the main loop (store()), so their L2
-// round trip overlaps the loop instead of delaying its first x load; pgemv_finish's barrier
-// orders the tail's reads after the stores. One token tile: at most 8 tokens x 32 rows
-// over at least 64 threads, SLOTS registers each. Wider token tiles store at once (their
-// launches are not where the epilogue pays: see QuantLinear::forward_residual).
-template <int NT, bool PAIR>
-struct ResidRows {
-    static constexpr int TILES = PAIR ? 2 : 1;
-    static constexpr int SLOTS = NT == 1 ? (8 * 16 * TILES + 63) / 64 : 1;
-    __nv_bfloat16 v[SLOTS];
-
-    // Where element i (resid_index's numbering) sits in rsd.
-    static __device__ __forceinline__ int at_rsd(int i) { return (i / (16 * TILES)) * RSD_COLS + i % (16 * TILES); }
-
-    __device__ __forceinline__ void load(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) {
-        const __nv_bfloat16* __restrict__ resid = static_cast<const __nv_bfloat16*>(p.resid);
-        if constexpr (NT == 1) {
-#pragma unroll
-            for (int s = 0; s < SLOTS; ++s) {
-                const long at = resid_index<NT, PAIR>(p, group, int(threadIdx.x + s * blockDim.x));
-                if (at >= 0) v[s] = resid[at];
-            }
-        } else {
-            for (int i = threadIdx.x; i < 8 * NT * 16 * TILES; i += blockDim.x) {
-                const long at = resid_index<NT, PAIR>(p, group, i);
-                if (at >= 0) rsd[at_rsd(i)] = resid[at];
-            }
-        }
-    }
-
-    __device__ __forceinline__ void store(const PackedGemvParams& p, __nv_bfloat16* rsd, int group) const {
-        if constexpr (NT == 1) {
-#pragma unroll
-            for (int s = 0; s < SLOTS; ++s) {
-                const int i = int(threadIdx.x + s * blockDim.x);
-                if (resid_index<NT, PAIR>(p, group, i) >= 0) rsd[at_rsd(i)] = v[s];
-            }
-        }
-    }
-};
 
 // cfp4::norm_one on the two bf16 of s2 with the two of w2 (low halves first), the same
 // bits: the quotients s * rm (norm_quot's fast path, both checked at once) packed by one
@@ -456,20 +335,13 @@ __device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16
 
 // U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
 // parameter, src/variants.rs).
-// FS: the fused-stream twin (the residual epilogue and the norm on the accumulator, both
-// still off unless their pointers are set); without it neither is compiled in, so the
-// kernels the rest of a step runs keep their registers (the staged U = 5 kernel is at the
-// cap: with the tail compiled in it spills, and every call was slower).
-template <int NT, bool SILU, int U, XSrc XS, bool PAIR, bool FS>
+template <int NT, bool SILU, int U, XSrc XS, bool PAIR>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     static_assert(XS != XSrc::Staged || (NT == 1 && !SILU && !PAIR), "the staged kernels are plain, one tile");
     constexpr bool NORM = XS == XSrc::Norm;
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
-    __shared__ __nv_bfloat16 rsd[SILU || !FS ? 1 : 8 * NT * RSD_COLS];  // residual epilogue
-    __shared__ float mrow[FS ? 8 * NT : 1];                              // the norm on the accumulator
-    static_assert(sizeof(red) >= SS_MAX * sizeof(float), "the parts land in red");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int g = lane >> 2, t = lane & 3;
     const int group = int(blockIdx.x) / p.split, slice = int(blockIdx.x) % p.split;
@@ -513,20 +385,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // The trigger after the wait, not at the start: measured on the H100 (twenty-fifth
     // session, docs/logs/s25/), 5 to 13 µs less per decode step on every row.
     griddep_launch_dependents();
-    ResidRows<NT, PAIR> rrows;
-    if constexpr (FS && !SILU) {
-        if (p.resid != nullptr) rrows.load(p, rsd, group);
-    }
-    // The norm on the accumulator: every token's parts into `red` (unused until the
-    // finish), in flight through the main loop (the host plans it only where
-    // m * ss_parts <= SS_MAX).
-    float* const ssp = reinterpret_cast<float*>(&red[0][0][0][0]);
-    const bool acc_norm = FS && !NORM && p.ss_in != nullptr;
-    if (acc_norm) {
-        const int nss = p.m * p.ss_parts;
-        if (nss > SS_MAX || p.m > 8 * NT) __trap();
-        for (int i = threadIdx.x; i < nss; i += blockDim.x) cfp4::cp_async_4(ssp + i, p.ss_in + i);
-    }
 
     const __nv_bfloat16* xb = static_cast<const __nv_bfloat16*>(p.x);
     size_t xstride = size_t(p.x_stride);
@@ -590,26 +448,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     }
 
-    if constexpr (FS && !SILU) {
-        if (p.resid != nullptr) rrows.store(p, rsd, group);
-    }
-    if (acc_norm) {
-        // Token r's m by warp r % warps: its parts in a fixed order (lane q adds the parts
-        // q, q + 32, ..., then an xor tree: every lane the same bits), m = bf16(sqrt(sum /
-        // K + eps)) as the norm kernel rounds it. The barriers order the copies before the
-        // sums and the sums before the finish writes red.
-        cfp4::cp_async_wait_all();
-        __syncthreads();
-        for (int r = warp; r < p.m; r += warps) {
-            float a = 0.f;
-            for (int q = lane; q < p.ss_parts; q += 32) a = __fadd_rn(a, ssp[r * p.ss_parts + q]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, o));
-            if (lane == 0) mrow[r] = cfp4::norm_m(a, p.k, p.eps);
-        }
-        __syncthreads();
-    }
-    pgemv_finish<NT, SILU, PAIR, FS>(p, acc, &red[0][0][0][0], rsd, acc_norm ? mrow : nullptr, group, slice);
+    pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], group, slice);
 }
 
 }  // namespace
@@ -617,15 +456,15 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 // Register caps without spills (ptxas -v): 16 warps per SM (8 for the widest variant).
 constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >= 8 ? 1 : 2; }
 
-// XS: Global, Norm or Staged (XSrc); FS: the fused-stream twin (true / false).
-#define CFP4_PGEMV(NT, SILU, U, XS, FS, NAME)                                                              \
+// XS: Global, Norm or Staged (XSrc).
+#define CFP4_PGEMV(NT, SILU, U, XS, NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU, U, XSrc::XS, false, FS>(p);                                                        \
+        pgemv<NT, SILU, U, XSrc::XS, false>(p);                                                            \
     }
 // Plain, one token tile, two row tiles per group (groups = ceil(tiles / 2)).
-#define CFP4_PGEMV_PAIR(U, FS, NAME)                                                                       \
+#define CFP4_PGEMV_PAIR(U, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<1, false, U, XSrc::Global, true, FS>(p);                                                            \
+        pgemv<1, false, U, XSrc::Global, true>(p);                                                                \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).

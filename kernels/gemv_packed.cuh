@@ -7,8 +7,7 @@
 
 // y[M, N_out] = epilogue(out_scale * x[M, K] . W[N, K]^T) over the packed layout
 // (gemv_packed.cu, "Packed layout"); the norm variants take x = rms_norm(x + delta) * norm_w
-// (rmsnorm_math.cuh) and write x + delta; the plain and pair variants may end with the
-// residual add (resid, ss_out) that feeds a norm variant's ss_in.
+// (rmsnorm_math.cuh) and write x + delta.
 struct PackedGemvParams {
     const uint8_t* w;         // offset  0: packed codes, 16-byte aligned
     const uint32_t* scales;   // offset  8: packed scale words
@@ -33,21 +32,7 @@ struct PackedGemvParams {
                               //             it; unused when delta is null)
     float eps;                // offset 112
     int _pad2;                // offset 116
-    // Residual epilogue (plain and pair variants; null: the plain epilogue): the output is
-    // resid + bf16(y), the residual stream after the add, and ss_out gets each token's f32
-    // sum of its squares over this group's rows.
-    const void* resid;        // offset 120: bf16 [M, N] contiguous, or null
-    float* ss_out;            // offset 128: f32 [M][groups], or null
-    // The norm on the accumulator (not the norm variants): a residual epilogue's ss_out, the
-    // sums of squares of the stream x was made from (x = its xw_out), in ss_parts parts.
-    const float* ss_in;       // offset 136: f32 [M][ss_parts], or null
-    int ss_parts;             // offset 144
-    int _pad3;                // offset 148
-    // Residual epilogue: also xw_out = bf16(s * xw_w), the next norm's weight applied to the
-    // stream (null: not written), the x of the norm on the accumulator.
-    const void* xw_w;         // offset 152: bf16 [N], or null
-    void* xw_out;             // offset 160: bf16 [M, N], or null
-};                            // size 168
+};                            // size 120
 
 // Packs ModelOpt codes [N, K/2] and 128x4-swizzled E4M3 scales [Np, Sp] into the packed
 // layout (codes: one thread per 16-byte lane record; scales: one thread per word).

@@ -2,7 +2,7 @@
 # pack-carry.sh: builds one cuda-feature test or bench binary here (no GPU needed), strips
 # it and xz-compresses it into .carry/ (git-ignored) for a device call's `carry`.
 #
-#   scripts/pack-carry.sh test gpu_residual_sums
+#   scripts/pack-carry.sh test gpu_norm_gemv
 #   scripts/pack-carry.sh test gpu_decode_graph -p candle-fp4-models
 #   scripts/pack-carry.sh bench decode_bench -p candle-fp4-models --features peers
 #   OUTNAME=decode_bench_new scripts/pack-carry.sh bench decode_bench -p candle-fp4-models --features peers

@@ -163,18 +163,6 @@ pub(crate) struct PackedGemvParams {
     pub sum: u64,
     pub eps: f32,
     pub pad2: i32,
-    /// Residual epilogue: bf16 `[M, N]` added to the output, or 0.
-    pub resid: u64,
-    /// Residual epilogue: f32 `[M][groups]` sums of squares of the written rows, or 0.
-    pub ss_out: u64,
-    /// Norm variants: f32 `[M][ss_parts]` sums of squares of x's rows, or 0.
-    pub ss_in: u64,
-    pub ss_parts: i32,
-    pub pad3: i32,
-    /// Residual epilogue: the next norm's weight, bf16 `[N]`, or 0.
-    pub xw_w: u64,
-    /// Residual epilogue: bf16 `[M, N]`, the written rows times `xw_w`, or 0.
-    pub xw_out: u64,
 }
 
 /// `PackParams` of `kernels/gemv_packed.cuh` (ModelOpt layout → packed layout).
@@ -348,13 +336,7 @@ mod tests {
         assert_eq!(offset_of!(PackedGemvParams, norm_w), 96);
         assert_eq!(offset_of!(PackedGemvParams, sum), 104);
         assert_eq!(offset_of!(PackedGemvParams, eps), 112);
-        assert_eq!(offset_of!(PackedGemvParams, resid), 120);
-        assert_eq!(offset_of!(PackedGemvParams, ss_out), 128);
-        assert_eq!(offset_of!(PackedGemvParams, ss_in), 136);
-        assert_eq!(offset_of!(PackedGemvParams, ss_parts), 144);
-        assert_eq!(offset_of!(PackedGemvParams, xw_w), 152);
-        assert_eq!(offset_of!(PackedGemvParams, xw_out), 160);
-        assert_eq!(size_of::<PackedGemvParams>(), 168);
+        assert_eq!(size_of::<PackedGemvParams>(), 120);
         assert_eq!(offset_of!(PackParams, codes), 0);
         assert_eq!(offset_of!(PackParams, scales), 8);
         assert_eq!(offset_of!(PackParams, out_codes), 16);

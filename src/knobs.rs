@@ -21,12 +21,6 @@ pub struct Knobs {
     /// The RMSNorm kernel in front of a packed layer asks L2 for its first weights
     /// ([`QuantLinear::set_l2_prefetch`](crate::quant_linear::QuantLinear::set_l2_prefetch)).
     pub l2_prefetch: bool,
-    /// o_proj and down_proj add the residual in their GEMVs' epilogue and write the sums
-    /// of squares that the next q|k|v and gate|up GEMVs' norm prologue takes, so the step
-    /// runs no norm kernel between layers
-    /// ([`QuantLinear::set_residual_sums`](crate::quant_linear::QuantLinear::set_residual_sums)).
-    /// Off until measured on the H200.
-    pub residual_sums: bool,
 }
 
 impl Default for Knobs {
@@ -35,7 +29,6 @@ impl Default for Knobs {
             gemv: GemvKnobs::with_pdl(true),
             attention: AttnKnobs::default(),
             l2_prefetch: true,
-            residual_sums: false,
         }
     }
 }
@@ -59,7 +52,6 @@ mod tests {
         );
         assert_eq!(k.attention, AttnKnobs::default());
         assert!(k.l2_prefetch);
-        assert!(!k.residual_sums);
         assert!(!GemvKnobs::default().pdl);
     }
 }

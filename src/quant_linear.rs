@@ -23,10 +23,8 @@ mod forward;
 mod layer;
 mod load;
 mod plan;
-mod residual;
 mod weight;
 
 pub use forward::silu_mul_halves;
 pub use layer::QuantLinear;
 pub use plan::use_gemv;
-pub use residual::ResidualStream;

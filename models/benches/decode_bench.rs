@@ -100,9 +100,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
             // CFP4_DECODE_NO_L2_PREFETCH=1: the norms do not prefetch the next layer's
             // weights (an A/B in one binary).
             l2_prefetch: std::env::var_os("CFP4_DECODE_NO_L2_PREFETCH").is_none(),
-            // CFP4_DECODE_RESIDUAL_SUMS=1: o_proj and down_proj add the residual in their
-            // GEMVs and the next GEMVs take the norm from the sums (no norm kernels).
-            residual_sums: std::env::var_os("CFP4_DECODE_RESIDUAL_SUMS").is_some(),
         },
         ..LoadOptions::default()
     };

@@ -13,14 +13,14 @@ inc=$(mktemp -d)
     for v in "1 false 3" "1 false 5" "1 true 3" "2 false 3" "2 true 2" "4 false 2" "4 true 2"; do
         read -r nt silu u <<< "$v"
         tag=fp4; [ "$silu" = true ] && tag=fp4silu
-        echo "CFP4_PGEMV($nt, $silu, $u, Global, false, cfp4_pgemv_${tag}_nt${nt}_u$u)"
+        echo "CFP4_PGEMV($nt, $silu, $u, Global, cfp4_pgemv_${tag}_nt${nt}_u$u)"
     done
     # The harness's deep kernel: DEEP_U pairs in flight (the library's is 5).
-    echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, Global, false, cfp4_pgemv_fp4_nt1_deep)"
+    echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, Global, cfp4_pgemv_fp4_nt1_deep)"
     # The staged kernels (src/variants.rs PGEMV_STAGED_U; the deep one at DEEP_U).
-    echo "CFP4_PGEMV(1, false, 3, Staged, false, cfp4_pgemv_fp4xs_nt1_u3)"
-    echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, Staged, false, cfp4_pgemv_fp4xs_nt1_deep)"
-    echo "CFP4_PGEMV_PAIR(3, false, cfp4_pgemv_fp4pair_nt1_u3)"
+    echo "CFP4_PGEMV(1, false, 3, Staged, cfp4_pgemv_fp4xs_nt1_u3)"
+    echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, Staged, cfp4_pgemv_fp4xs_nt1_deep)"
+    echo "CFP4_PGEMV_PAIR(3, cfp4_pgemv_fp4pair_nt1_u3)"
     echo "#endif"
 } > "$inc/gemv_packed_instances.inc"
 for nt in 1 2 4; do

@@ -22,9 +22,6 @@ pub struct QuantLinear {
     /// Whether the norm kernel in front of this layer asks L2 for its weights
     /// ([`set_l2_prefetch`](Self::set_l2_prefetch)).
     pub(super) l2_prefetch: bool,
-    /// Whether `forward_residual` may add in the GEMV's epilogue
-    /// ([`set_residual_sums`](Self::set_residual_sums)).
-    pub(super) residual_sums: bool,
 }
 
 /// A bias checked to be `[n]`, as BF16 on `device`.
@@ -82,7 +79,6 @@ impl QuantLinear {
             k,
             plans,
             l2_prefetch: true,
-            residual_sums: false,
         })
     }
 
@@ -135,7 +131,6 @@ impl QuantLinear {
             k,
             plans,
             l2_prefetch: true,
-            residual_sums: false,
         })
     }
 
@@ -164,7 +159,6 @@ impl QuantLinear {
             k,
             plans,
             l2_prefetch: true,
-            residual_sums: false,
         })
     }
 

@@ -46,10 +46,6 @@ pub(crate) struct Plans {
     /// for (without and with `silu_mul`), for the `m` whose choice is the packed GEMV.
     #[cfg(feature = "cuda")]
     prefetch: [Option<std::sync::Arc<crate::kernel_params::L2Prefetch>>; 2],
-    /// CUDA, packed NVFP4 weights: the weight's pointers, for the residual epilogue and the
-    /// norm on the accumulator.
-    #[cfg(feature = "cuda")]
-    ptrs: Option<std::sync::Arc<crate::gemv::packed::cuda_weight::WeightPtrs>>,
 }
 
 impl Plans {
@@ -111,7 +107,7 @@ impl Plans {
             by_m.push(pair);
         }
         #[cfg(feature = "cuda")]
-        let (norm, prefetch, ptrs) = match (device, weight) {
+        let (norm, prefetch) = match (device, weight) {
             (Device::Cuda(d), Weight::Packed(p)) => {
                 use crate::gemv::packed::{cuda_norm, cuda_prefetch, cuda_weight};
                 use std::sync::Arc;
@@ -129,10 +125,9 @@ impl Plans {
                     v[i] = cuda_norm::plan_norm(d, &w, silu, pdl, false)?.map(Arc::new);
                     f[i] = cuda_prefetch::plan_prefetch(d, &w, silu)?.map(Arc::new);
                 }
-                let ptrs = Arc::new(cuda_weight::WeightPtrs::bind(d, &w)?);
-                (v, f, Some(ptrs))
+                (v, f)
             }
-            _ => ([None, None], [None, None], None),
+            _ => ([None, None], [None, None]),
         };
         Ok(Self {
             by_m,
@@ -140,26 +135,7 @@ impl Plans {
             norm,
             #[cfg(feature = "cuda")]
             prefetch,
-            #[cfg(feature = "cuda")]
-            ptrs,
         })
-    }
-
-    /// The packed plan (and the weight's pointers) for `m` tokens with or without the
-    /// `silu_mul` epilogue, where the table runs the packed GEMV.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn packed_plan(
-        &self,
-        m: usize,
-        silu_mul: bool,
-    ) -> Option<(
-        &std::sync::Arc<crate::gemv::packed::cuda::PackedPlan>,
-        &crate::gemv::packed::cuda_weight::WeightPtrs,
-    )> {
-        match (self.choice(m, silu_mul), &self.ptrs) {
-            (Choice::Packed(plan), Some(w)) => Some((plan, w)),
-            _ => None,
-        }
     }
 
     /// The GEMV with the RMSNorm prologue for `m` tokens, where the table runs the packed

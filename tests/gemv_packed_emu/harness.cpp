@@ -1,8 +1,8 @@
 // Host emulation harness of kernels/gemv_packed.cu (driven by tests/gemv_packed_emu.rs):
 // for each case directory the Rust test wrote (cases.txt: one per line), reads the kernel's
 // name, launch and scalar parameters (params.txt) and its input buffers (*.bin), runs the
-// kernel under emu.h, and writes what it produced (out.bin, and ss.bin for the residual
-// epilogue's sums) for the Rust test to compare with the CPU.
+// kernel under emu.h, and writes what it produced (out.bin) for the Rust test to compare
+// with the CPU.
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -24,26 +24,20 @@ static const std::map<std::string, void (*)(PackedGemvParams)> kKernels = {
 int main() {
     return emu_cases([](const std::string& dir, std::ifstream& pf) {
         std::string name;
-        long grid, block, smem, out_elems, ss_elems, partial_floats, m, n, k, x_stride, half_pad, groups, split, npairs, ss_parts;
+        long grid, block, smem, out_elems, partial_floats, m, n, k, x_stride, half_pad, groups, split, npairs;
         float out_scale, eps;
-        int has_resid, has_ss_in, has_delta, has_norm, has_xw;
-        pf >> name >> grid >> block >> smem >> out_elems >> ss_elems >> partial_floats >> m >> n >> k >> x_stride >> half_pad >>
-            groups >> split >> npairs >> ss_parts >> out_scale >> eps >> has_resid >> has_ss_in >> has_delta >> has_norm >>
-            has_xw;
+        int has_delta, has_norm;
+        pf >> name >> grid >> block >> smem >> out_elems >> partial_floats >> m >> n >> k >> x_stride >> half_pad >> groups >>
+            split >> npairs >> out_scale >> eps >> has_delta >> has_norm;
         if (const int rc = emu_bad_params(pf, dir)) return rc;
         auto it = kKernels.find(name);
         if (it == kKernels.end()) { std::fprintf(stderr, "%s: no kernel %s\n", dir.c_str(), name.c_str()); return 2; }
         std::vector<uint8_t> w = emu_read(dir + "/w.bin"), s = emu_read(dir + "/scales.bin"), x = emu_read(dir + "/x.bin");
-        std::vector<uint8_t> resid, ss_in, delta, norm_w, xw_w;
-        if (has_resid) resid = emu_read(dir + "/resid.bin");
-        if (has_ss_in) ss_in = emu_read(dir + "/ss_in.bin");
+        std::vector<uint8_t> delta, norm_w;
         if (has_delta) delta = emu_read(dir + "/delta.bin");
         if (has_norm) norm_w = emu_read(dir + "/norm_w.bin");
-        if (has_xw) xw_w = emu_read(dir + "/xw_w.bin");
         // Poisoned outputs: every element the kernel must write is checked by the Rust test.
         std::vector<uint16_t> out(size_t(out_elems), 0x7fa5);
-        std::vector<float> ss(size_t(ss_elems > 0 ? ss_elems : 1), std::nanf(""));
-        std::vector<uint16_t> xw(size_t(has_xw ? m * n : 1), 0x7fa5);
         std::vector<float> partial(size_t(partial_floats > 0 ? partial_floats : 4), std::nanf(""));
         std::vector<uint32_t> counters(size_t(groups), 0u);
         const long sums = has_delta ? m * k : 0;
@@ -61,19 +55,11 @@ int main() {
         p.norm_w = has_norm ? norm_w.data() : nullptr;
         p.sum = has_delta ? out.data() : nullptr;
         p.eps = eps;
-        p.resid = has_resid ? resid.data() : nullptr;
-        p.ss_out = has_resid && ss_elems > 0 ? ss.data() : nullptr;
-        p.ss_in = has_ss_in ? reinterpret_cast<const float*>(ss_in.data()) : nullptr;
-        p.ss_parts = int(ss_parts);
-        p.xw_w = has_xw ? xw_w.data() : nullptr;
-        p.xw_out = has_xw ? xw.data() : nullptr;
         dim3 g; g.x = unsigned(grid);
         emu_launch(it->second, g, unsigned(block), size_t(smem), p);
         for (long i = 0; i < groups; ++i)
             if (counters[size_t(i)] != 0) { std::fprintf(stderr, "%s: counter %ld left at %u\n", dir.c_str(), i, counters[size_t(i)]); return 3; }
         emu_write(dir + "/out.bin", out.data(), out.size() * 2);
-        if (ss_elems > 0) emu_write(dir + "/ss.bin", ss.data(), ss.size() * 4);
-        if (has_xw) emu_write(dir + "/xw.bin", xw.data(), xw.size() * 2);
         return 0;
     });
 }

@@ -8,7 +8,7 @@ use crate::kv_cache::LayerCache;
 use crate::rope::Rope;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Module, Tensor};
-use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
+use candle_fp4::quant_linear::QuantLinear;
 use candle_fp4::tensor_parallel::{self as tp, AllReduce, HeadSplit};
 use std::sync::Arc;
 
@@ -209,40 +209,28 @@ impl Attention {
         cache: &mut LayerCache,
         for_graph: bool,
     ) -> candle_core::Result<Tensor> {
-        let y = self.heads_from_qkv(&self.qkv.forward(x)?, positions, cache, for_graph)?;
-        self.o_out(&y)
+        self.decode_from_qkv(&self.qkv.forward(x)?, positions, cache, for_graph)
     }
 
-    /// [`forward_decode`](Self::forward_decode) between residual adds: the stream `r` in
-    /// (added and normed in front of q|k|v, inside its GEMV's kernel where it can run
-    /// there: [`QuantLinear::forward_add_norm_stream`]), the stream after the attention
-    /// out (o_proj's output added in its GEMV's epilogue where
-    /// [`QuantLinear::forward_residual`] can, else left as the delta for the next norm).
-    /// `next`: the norm after the attention (the MLP's), whose weight o_proj's epilogue
-    /// applies for the norm on the accumulator where it can.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_decode_stream(
+    /// [`forward_decode`](Self::forward_decode) behind the residual add and `norm`: `x` the
+    /// residual stream, `delta` what to add to it first (`None`: nothing) →
+    /// `(x + delta, attention output)`, the norm inside the q|k|v GEMV's kernel where it
+    /// can run there ([`QuantLinear::forward_add_norm`]).
+    pub fn forward_decode_add_norm(
         &self,
-        r: &ResidualStream,
+        x: &Tensor,
+        delta: Option<&Tensor>,
         norm: &super::norm::RmsNorm,
-        next: Option<&super::norm::RmsNorm>,
         positions: &Tensor,
         cache: &mut LayerCache,
         for_graph: bool,
-    ) -> candle_core::Result<ResidualStream> {
-        let (s, qkv) = self.qkv.forward_add_norm_stream(r, norm, false)?;
-        let y = self.heads_from_qkv(&qkv, positions, cache, for_graph)?;
-        match &self.reduce {
-            None => self
-                .o
-                .forward_residual(&y, &s, next.and_then(|n| n.fused_for(&s))),
-            Some(_) => Ok(ResidualStream::with_delta(s, self.o_out(&y)?)),
-        }
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (s, qkv) = self.qkv.forward_add_norm(x, delta, norm, false)?;
+        Ok((s, self.decode_from_qkv(&qkv, positions, cache, for_graph)?))
     }
 
-    /// The decode step after the q|k|v projection (`qkv` `[batch, (heads + 2·kv_heads)·d]`)
-    /// up to o_proj's input (`[batch, heads·d]`).
-    fn heads_from_qkv(
+    /// The decode step after the q|k|v projection (`qkv` `[batch, (heads + 2·kv_heads)·d]`).
+    fn decode_from_qkv(
         &self,
         qkv: &Tensor,
         positions: &Tensor,
@@ -255,7 +243,8 @@ impl Attention {
             if qkv.dtype() == DType::BF16 && cache.fuses_rope_append() {
                 // One kernel rotates q and k and stores k and v in the cache.
                 let y = cache.decode_batch_rope(f, qkv, positions, for_graph)?;
-                return y.reshape((b, nh * hd))?.to_dtype(self.dtype);
+                let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
+                return self.o_out(&y);
             }
         }
         let (q, k, v) = match self.rope.fused() {
@@ -285,7 +274,8 @@ impl Attention {
             &q.reshape((b, nh, hd))?,
             for_graph,
         )?; // [b, nh, hd] BF16
-        y.reshape((b, nh * hd))?.to_dtype(self.dtype)
+        let y = y.reshape((b, nh * hd))?.to_dtype(self.dtype)?;
+        self.o_out(&y)
     }
 
     /// [`forward`](Self::forward), reporting the inputs of q/k/v ([`Site::Qkv`]) and

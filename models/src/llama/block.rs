@@ -10,7 +10,7 @@ use crate::kv_cache::LayerCache;
 use crate::rope::Rope;
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
-use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
+use candle_fp4::quant_linear::QuantLinear;
 use candle_fp4::tensor_parallel::{AllReduce, HeadSplit};
 use std::sync::Arc;
 
@@ -140,33 +140,29 @@ impl Block {
     }
 
     /// One decode token of every sequence (see [`Attention::forward_decode`]): capturable
-    /// in a CUDA graph. The residual stream arrives as a [`ResidualStream`] (`x + delta`,
-    /// or already added with its sums of squares) and leaves the same way, so each residual
-    /// add runs inside a kernel that is there anyway: the next norm's
-    /// ([`AddRmsNorm`](candle_fp4::norm::AddRmsNorm)), the q|k|v and gate|up GEMVs' where
-    /// they take the norm ([`QuantLinear::forward_add_norm_stream`]), or the o_proj and
-    /// down_proj GEMVs' epilogue ([`QuantLinear::forward_residual`]); the result equals
-    /// [`forward`](Self::forward)'s but for the norms' f32 summation order.
-    /// `next`: the next layer (`None` for the last), whose input norm the MLP's output
-    /// meets.
+    /// in a CUDA graph. The residual stream arrives as `x + delta` (`x` `[batch, hidden]`,
+    /// `delta` the previous layer's MLP output, `None` at the first layer) and leaves the
+    /// same way, `(x', mlp output)`, so each residual add runs inside the next norm's kernel
+    /// ([`AddRmsNorm`](candle_fp4::norm::AddRmsNorm)), or inside the q|k|v and gate|up GEMVs' kernels where they take it
+    /// ([`QuantLinear::forward_add_norm`]); the result equals
+    /// [`forward`](Self::forward)'s `x' + mlp output`.
     pub fn forward_decode(
         &self,
-        r: &ResidualStream,
-        next: Option<&Block>,
+        x: &Tensor,
+        delta: Option<&Tensor>,
         positions: &Tensor,
         cache: &mut LayerCache,
         for_graph: bool,
-    ) -> candle_core::Result<ResidualStream> {
-        let a = self.attn.forward_decode_stream(
-            r,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (x, a) = self.attn.forward_decode_add_norm(
+            x,
+            delta,
             &self.attn_norm,
-            Some(&self.mlp_norm),
             positions,
             cache,
             for_graph,
         )?;
-        self.mlp
-            .forward_stream(&a, &self.mlp_norm, next.map(|b| &b.attn_norm))
+        self.mlp.forward_add_norm(&x, Some(&a), &self.mlp_norm)
     }
 
     /// Every Linear of the layer: q/k/v (fused or not), o, gate/up, down.

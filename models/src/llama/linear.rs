@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::quant_config::QuantConfig;
-use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
+use candle_fp4::quant_linear::QuantLinear;
 use candle_fp4::tensor_parallel::{self as tp, Shard};
 
 /// Where the modules' `load` functions read their weights from (what candle's
@@ -208,21 +208,6 @@ impl FusedLinear {
             self.forward(&h)?
         };
         Ok((s, y))
-    }
-
-    /// [`forward_add_norm`](Self::forward_add_norm) over a residual stream: `(x + delta,
-    /// y)`, the norm inside one packed layer's GEMV from the stream's sums of squares where
-    /// it carries them and the layer can ([`QuantLinear::forward_add_norm_stream`]).
-    pub fn forward_add_norm_stream(
-        &self,
-        r: &ResidualStream,
-        norm: &super::norm::RmsNorm,
-        silu_mul: bool,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
-        if let (Self::One(l), Some(f)) = (self, norm.fused_for(&r.x)) {
-            return l.forward_add_norm_stream(r, f, silu_mul);
-        }
-        self.forward_add_norm(&r.x, r.delta.as_ref(), norm, silu_mul)
     }
 
     /// Replaces the members by `layers` (same total rows and inputs), giving each the

@@ -5,7 +5,7 @@ use super::linear::{check_dims, rebiased, FusedLinear, Loader};
 use crate::config::LlamaConfig;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Module, Tensor};
-use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
+use candle_fp4::quant_linear::QuantLinear;
 use candle_fp4::tensor_parallel::{self as tp, AllReduce, Shard};
 use std::sync::Arc;
 
@@ -143,25 +143,16 @@ impl Mlp {
         self.forward_captured(x, &mut super::capture::ignore_inputs)
     }
 
-    /// The residual add and `norm` in front of the MLP, the MLP, and the add after it, over
-    /// the residual stream: the norm inside the gate|up GEMV's kernel where it can run there,
-    /// down_proj's output added in its GEMV's epilogue where it can
-    /// ([`QuantLinear::forward_residual`]; not tensor parallel, whose sum over the ranks
-    /// comes first), else left as the delta for the next norm.
-    /// `next`: the norm after the MLP (the next layer's input norm; `None` for the last).
-    pub fn forward_stream(
+    /// The residual add and `norm` in front of the MLP, then the MLP: `(x + delta, mlp(norm(x
+    /// + delta)))`, the norm inside the gate|up GEMV's kernel where it can run there.
+    pub fn forward_add_norm(
         &self,
-        r: &ResidualStream,
+        x: &Tensor,
+        delta: Option<&Tensor>,
         norm: &super::norm::RmsNorm,
-        next: Option<&super::norm::RmsNorm>,
-    ) -> candle_core::Result<ResidualStream> {
-        let (s, m) = self.gate_up.forward_add_norm_stream(r, norm, true)?;
-        match &self.reduce {
-            None => self
-                .down
-                .forward_residual(&m, &s, next.and_then(|n| n.fused_for(&s))),
-            Some(_) => Ok(ResidualStream::with_delta(s, self.down_out(&m)?)),
-        }
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (s, m) = self.gate_up.forward_add_norm(x, delta, norm, true)?;
+        Ok((s, self.down_out(&m)?))
     }
 
     /// [`forward`](Self::forward), reporting the inputs of gate/up ([`Site::GateUp`]) and

@@ -126,7 +126,6 @@ impl Llama {
         }
         for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
             l.set_l2_prefetch(opts.knobs.l2_prefetch);
-            l.set_residual_sums(opts.knobs.residual_sums);
         }
         let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         if opts.batch == 0 {

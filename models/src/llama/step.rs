@@ -14,7 +14,7 @@ use crate::kv_cache::LayerCache;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_fp4::greedy::GreedyStep;
-use candle_fp4::quant_linear::{QuantLinear, ResidualStream};
+use candle_fp4::quant_linear::QuantLinear;
 
 /// The device buffers a step reads and writes, and the ops of its tail, made once per model
 /// (a captured graph holds their addresses).
@@ -101,13 +101,14 @@ pub(crate) fn run_step(
     out: StepOutput,
     for_graph: bool,
 ) -> candle_core::Result<()> {
-    let x = m.embed.index_select(&bufs.ids, 0)?.to_dtype(m.dtype)?;
-    // Each layer leaves the residual stream for the next one's fused residual add + norm.
-    let mut r = ResidualStream::new(x);
-    for (i, (b, cache)) in m.blocks.iter().zip(m.caches.iter_mut()).enumerate() {
-        r = b.forward_decode(&r, m.blocks.get(i + 1), &bufs.positions, cache, for_graph)?;
+    let mut x = m.embed.index_select(&bufs.ids, 0)?.to_dtype(m.dtype)?;
+    // Each layer leaves its MLP output for the next one's fused residual add + norm.
+    let mut delta: Option<Tensor> = None;
+    for (b, cache) in m.blocks.iter().zip(m.caches.iter_mut()) {
+        let (r, d) = b.forward_decode(&x, delta.as_ref(), &bufs.positions, cache, for_graph)?;
+        (x, delta) = (r, Some(d));
     }
-    let (_, h) = m.norm.add_forward(&r.x, r.delta.as_ref())?;
+    let (_, h) = m.norm.add_forward(&x, delta.as_ref())?;
     let logits = m.lm_head.forward(&h)?;
     let logits = match logits.dtype() {
         DType::BF16 | DType::F32 => logits,

@@ -13,8 +13,8 @@ use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{
-    pgemv_depths, pgemv_fs_name, pgemv_kernel_name, pgemv_pair_kernel_name,
-    pgemv_staged_kernel_name, PGEMV_NTS, PGEMV_PAIR_U, PGEMV_STAGED_U,
+    pgemv_depths, pgemv_kernel_name, pgemv_pair_kernel_name, pgemv_staged_kernel_name, PGEMV_NTS,
+    PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -39,9 +39,6 @@ pub(crate) fn tile_for(m: usize) -> usize {
 #[derive(Debug)]
 pub(crate) struct PackedPlan {
     pub(super) f: CudaFunction,
-    /// `f`'s fused-stream twin (`variants::pgemv_fs_name`: the residual epilogue and the
-    /// norm on the accumulator), where the kernel has one (one token tile).
-    f_fs: Option<CudaFunction>,
     /// The kernel's name (for tests and `tune`'s tables; never read per call).
     name: String,
     pub(super) launch: Launch,
@@ -66,8 +63,6 @@ pub(crate) struct PackedPlan {
 #[derive(Debug)]
 struct StagedKernel {
     f: CudaFunction,
-    /// `f`'s fused-stream twin, with the same shared memory allowance.
-    f_fs: CudaFunction,
     name: String,
     max_m: usize,
     row_bytes: u32,
@@ -138,9 +133,7 @@ pub(crate) fn plan(
         let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(l.pair_groups(), l.npairs, fa.sms, &occ);
         let pdl = pdl && image.has_sm90_features();
-        let mut p = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl)?;
-        p.f_fs = Some(loaded.function(&pgemv_fs_name(&p.name))?.0);
-        return Ok(p);
+        return finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl);
     }
     let groups = l.groups(silu_mul);
     let depths = pgemv_depths(nt, silu_mul);
@@ -160,9 +153,6 @@ pub(crate) fn plan(
     };
     let pdl = pdl && image.has_sm90_features();
     let mut p = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, false), pdl)?;
-    if nt == 1 {
-        p.f_fs = Some(loaded.function(&pgemv_fs_name(&p.name))?.0);
-    }
     if !silu_mul && nt == 1 && stage_suits(groups * split, fa.sms) {
         p.staged = plan_staged(
             &loaded,
@@ -203,25 +193,12 @@ fn plan_staged(
         .shared_size_bytes()
         .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
         .max(0) as usize;
-    // The fused-stream twin has a little more static shared memory (its residual rows):
-    // both get what the device leaves the larger, so one plan serves either.
-    let fs_name = pgemv_fs_name(&name);
-    let (f_fs, _) = loaded.function(&fs_name)?;
-    let fixed_fs = f_fs
-        .shared_size_bytes()
-        .map_err(|e| cuda_err(&format!("static shared memory of {fs_name}"), e))?
-        .max(0) as usize;
-    let cap = smem_optin.saturating_sub(fixed.max(fixed_fs));
+    let cap = smem_optin.saturating_sub(fixed);
     let f = loaded.function_with_smem(&name, cap)?;
-    let f_fs = loaded.function_with_smem(&fs_name, cap)?;
     let per_sm = ctas.div_ceil(sms.max(1)) as u32;
     let avail = f
         .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
         .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
-    let avail_fs = f_fs
-        .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
-        .map_err(|e| cuda_err(&format!("shared memory per CTA of {fs_name}"), e))?;
-    let avail = avail.min(avail_fs);
     let slice_k = staged_slice_k(l.k, l.npairs, split);
     let max_m = staged_max_m(slice_k, avail.min(cap));
     // max_m > 0: one row fits the device's shared memory per CTA, so it fits u32.
@@ -229,7 +206,6 @@ fn plan_staged(
     Ok(match row_bytes {
         Some(row_bytes) if max_m > 0 => Some(StagedKernel {
             f,
-            f_fs,
             name,
             max_m,
             row_bytes,
@@ -258,7 +234,6 @@ pub(super) fn finish_plan(
     let (ctas, (partial, counters)) = grid_and_workspace(dev, groups, split, tiles, nt)?;
     Ok(PackedPlan {
         f,
-        f_fs: None,
         name,
         staged: None,
         launch: Launch {
@@ -279,31 +254,6 @@ pub(super) fn finish_plan(
 }
 
 impl PackedPlan {
-    /// Checks `x` (layout `lx`) against the plan: `(m, row stride)` of a BF16 `[m, K]` with
-    /// unit inner stride and 16-byte rows, `1 ≤ m ≤` the plan's tokens.
-    pub(super) fn check_x(&self, op: &str, lx: &Layout) -> Result<(usize, usize)> {
-        let l = &self.layout;
-        let (m, k) = lx.shape().dims2()?;
-        let st = lx.stride();
-        let rs = if m == 1 { k } else { st[0] };
-        if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-            bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-        }
-        if k != l.k || m == 0 || m > self.max_m {
-            bail!(
-                "{op}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
-                l.k,
-                self.max_m
-            );
-        }
-        Ok((m, rs))
-    }
-
-    /// CTA groups of a launch (the residual epilogue's parts of the sums of squares).
-    pub(crate) fn groups(&self) -> usize {
-        self.groups
-    }
-
     /// The kernel that serves `m` tokens under this plan (the staged one up to its token
     /// count), or `None` past the plan's tokens.
     pub(crate) fn kernel_for(&self, m: usize) -> Option<&str> {
@@ -316,7 +266,7 @@ impl PackedPlan {
 
     /// The function and launch for `m` tokens (`1 ≤ m ≤ max_m`, checked by the caller):
     /// the staged kernel with its shared memory up to its token count, else the plan's.
-    pub(super) fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
+    fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
         match &self.staged {
             Some(s) if m <= s.max_m => (
                 &s.f,
@@ -330,28 +280,8 @@ impl PackedPlan {
         }
     }
 
-    /// [`launch_for`](Self::launch_for) with the fused-stream twins (the residual epilogue,
-    /// the norm on the accumulator), or `None` where the kernel has none.
-    pub(super) fn launch_fs(&self, m: usize) -> Option<(&CudaFunction, Launch)> {
-        match &self.staged {
-            Some(s) if m <= s.max_m => Some((
-                &s.f_fs,
-                Launch {
-                    smem: m as u32 * s.row_bytes,
-                    ..self.launch
-                },
-            )),
-            _ => self.f_fs.as_ref().map(|f| (f, self.launch)),
-        }
-    }
-
-    /// Whether [`launch_fs`](Self::launch_fs) serves `m` tokens.
-    pub(crate) fn has_fs(&self, m: usize) -> bool {
-        m >= 1 && m <= self.max_m && self.launch_fs(m).is_some()
-    }
-
     /// The parameter block for `m` tokens of `x` rows `x_stride` apart, with every pointer
-    /// 0 (the caller sets them), the norm fields and the residual epilogue off.
+    /// 0 (the caller sets them) and the norm fields off.
     pub(super) fn params(&self, m: usize, x_stride: usize, global_scale: f32) -> PackedGemvParams {
         let l = &self.layout;
         PackedGemvParams {
@@ -377,13 +307,6 @@ impl PackedPlan {
             sum: 0,
             eps: 0.0,
             pad2: 0,
-            resid: 0,
-            ss_out: 0,
-            ss_in: 0,
-            ss_parts: 0,
-            pad3: 0,
-            xw_w: 0,
-            xw_out: 0,
         }
     }
 }
@@ -405,7 +328,19 @@ pub(crate) fn forward(
     let l = &plan.layout;
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, rs) = plan.check_x(OP, lx)?;
+    let (m, k) = lx.shape().dims2()?;
+    let st = lx.stride();
+    let rs = if m == 1 { k } else { st[0] };
+    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
+        bail!("{OP}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
+    }
+    if k != l.k || m == 0 || m > plan.max_m {
+        bail!(
+            "{OP}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
+            l.k,
+            plan.max_m
+        );
+    }
     let (c0, c1) = contiguous_range(OP, "packed codes", lc)?;
     let (s0, s1) = contiguous_range(OP, "packed scales", ls)?;
     if c1 - c0 != l.code_bytes() || s1 - s0 != l.scale_words() || c0 % 16 != 0 {

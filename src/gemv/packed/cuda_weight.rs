@@ -34,16 +34,16 @@ pub(crate) struct PackedWeightRef<'a> {
 
 /// A packed weight's device pointers, resolved once (the plan keeps the tensors alive).
 #[derive(Debug)]
-pub(crate) struct WeightPtrs {
-    pub(crate) w: u64,
-    pub(crate) s: u64,
-    pub(crate) global_scale: f32,
+pub(super) struct WeightPtrs {
+    pub(super) w: u64,
+    pub(super) s: u64,
+    pub(super) global_scale: f32,
     _keep: (candle_core::Tensor, candle_core::Tensor),
 }
 
 impl WeightPtrs {
     /// The pointers of `w` on `dev` (a storage lock: call it at load).
-    pub(crate) fn bind(dev: &CudaDevice, w: &PackedWeightRef<'_>) -> Result<Self> {
+    pub(super) fn bind(dev: &CudaDevice, w: &PackedWeightRef<'_>) -> Result<Self> {
         let stream = dev.cuda_stream();
         let wp = tensor_ptr::<u8>(w.codes, "codes", &stream)?;
         let sp = tensor_ptr::<u32>(w.scales, "scales", &stream)?;

@@ -173,18 +173,6 @@ pub fn use_norm_prologue(m: usize, k: usize) -> bool {
     (1..=NORM_MAX_M).contains(&m) && k > 0 && k <= NORM_K_MAX
 }
 
-/// Most f32 partial sums (tokens × the producer's CTA groups) the norm on the accumulator
-/// takes: `SS_MAX` of `kernels/gemv_packed.cu`, the finish's reduction buffer of the
-/// largest CTA (`MAX_WARPS` × 32 float4) that holds them through the main loop.
-pub const SS_MAX: usize = *PACKED_WARPS.end() * 128;
-
-/// Whether the norm on the accumulator (a residual epilogue's `x · w_norm` and sums of
-/// squares in `parts` parts, the next GEMV dividing its output by each token's RMS) serves
-/// `m` tokens: one token tile, and every part in the consumer's shared memory. Pure.
-pub fn accumulator_norm_serves(m: usize, parts: usize) -> bool {
-    (1..=NORM_MAX_M).contains(&m) && parts > 0 && m.checked_mul(parts).is_some_and(|e| e <= SS_MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,19 +243,6 @@ mod tests {
         assert!(!use_norm_prologue(0, 576));
         assert!(!use_norm_prologue(1, 4096)); // 8B: slower than the norm kernel (measured)
         assert!(use_norm_prologue(1, NORM_K_MAX) && !use_norm_prologue(1, NORM_K_MAX + 64));
-    }
-
-    #[test]
-    fn accumulator_norm_rule() {
-        // The norm on the accumulator: 8B o / down (256 groups) up to 4 tokens, 70B's
-        // 512-group o up to 2, SmolLM2's (36) a token tile; never past one token tile or
-        // with no parts.
-        assert_eq!(SS_MAX, 1024);
-        assert!(accumulator_norm_serves(4, 256) && !accumulator_norm_serves(5, 256));
-        assert!(accumulator_norm_serves(2, 512) && !accumulator_norm_serves(3, 512));
-        assert!(accumulator_norm_serves(8, 36) && !accumulator_norm_serves(9, 16));
-        assert!(!accumulator_norm_serves(0, 256) && !accumulator_norm_serves(1, 0));
-        assert!(!accumulator_norm_serves(1, usize::MAX));
     }
 
     #[test]

@@ -21,26 +21,20 @@ mod cuda_pack;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_prefetch;
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda_residual;
-#[cfg(feature = "cuda")]
 pub(crate) mod cuda_weight;
 mod geometry;
 mod layout;
 #[cfg(feature = "cuda")]
 pub(crate) mod norm;
-mod residual;
 
 pub use geometry::{
-    accumulator_norm_serves, depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes,
-    pair_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem,
-    use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, SS_MAX, STAGED_MAX_M,
+    depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
+    prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem, use_norm_prologue,
+    NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, STAGED_MAX_M,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
 };
-pub use residual::NormSums;
-#[cfg(feature = "cuda")]
-pub(crate) use residual::{packed_residual_gemv, packed_scaled_gemv};
 
 use super::checks::{check_x, contiguous_u32, contiguous_u8, x_view, MAX_M};
 use super::cpu::{gemv_cpu, WeightRows};
