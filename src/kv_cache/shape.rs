@@ -54,12 +54,15 @@ pub(crate) fn ring_first_default(
 
 /// Splits per (sequence, KV head) when the call does not force them: `floor(resident / base)`
 /// (one wave of `resident` CTAs), but at most one per 16-token tile per warp (`by_len`). On
-/// an UltraQuant cache (`fp4`) at least `min(6, one wave, one 64-token range each)`:
-/// measured on the H100 (docs/logs/s27/README.md call 10, docs/logs/s28/ call 2), 8B b1, six
-/// splits beat the tile bound's 2 at 512 context by 18–39 µs per step (five rounds) and its
-/// 4 at 1k by 9–12 µs; twelve lose at both. (At 2k six also beat the tile bound's 8 by
-/// 18–20 µs, which this floor does not take: unmeasured between 2k and 32k, where 16 is the
-/// best measured.) Batch 8 and up: one wave is at most 2 splits, unchanged.
+/// an UltraQuant cache (`fp4`), where that tile bound is at most 8: `min(6, one wave, one
+/// 64-token range each)`. Measured on the H100, 8B b1 (docs/logs/s27/README.md call 10,
+/// docs/logs/s28/ call 2, docs/logs/s29/ call 6): six splits beat the tile bound's 2 at 512
+/// context by 18–39 µs per step, its 4 at 1k by 9–12 µs and its 8 at 2k by 18–33 µs (six
+/// splits and the ring make 7 partials, merged by the combine kernel; 8 splits make 9,
+/// merged in the kernel); twelve lose at all three. At 4k the tile bound's 16 beats 6, 7
+/// and 12 (by 25–45, 25–45 and 5–19 µs): there the wider grid wins, so the rule keeps it
+/// from a bound of 9 up (unmeasured between 2k and 4k). Batch 8 and up: one wave is at most
+/// 2 splits, unchanged.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn auto_splits(
     max_len: usize,
@@ -70,12 +73,10 @@ pub(crate) fn auto_splits(
 ) -> usize {
     let target = resident_ctas / base_ctas.max(1);
     let by_len = max_len.div_ceil(16 * nw);
-    let floor = if fp4 {
-        6.min(target).min(max_len.div_ceil(64))
-    } else {
-        0
-    };
-    target.min(by_len).max(floor).max(1)
+    if fp4 && by_len <= 8 {
+        return 6.min(target).min(max_len.div_ceil(64)).max(1);
+    }
+    target.min(by_len).max(1)
 }
 
 /// Whether the attention merges its splits in its own last CTA per head group (`true`) or
@@ -329,7 +330,10 @@ mod tests {
         // UltraQuant (16 warps, one CTA per SM), exact window of 64: at least 6 at b1.
         assert_eq!(auto_splits(449, 8, 132, 16, true), 6); // 512: the tile bound says 2
         assert_eq!(auto_splits(961, 8, 132, 16, true), 6); // 1k: 4
-        assert_eq!(auto_splits(1985, 8, 132, 16, true), 8); // 2k: the tile bound
+        assert_eq!(auto_splits(1985, 8, 132, 16, true), 6); // 2k: the tile bound says 8
+        assert_eq!(auto_splits(2048, 8, 132, 16, true), 6); // the bound's last 8
+        assert_eq!(auto_splits(2049, 8, 132, 16, true), 9); // past it: the tile bound
+        assert_eq!(auto_splits(4033, 8, 132, 16, true), 16); // 4k: the tile bound
         assert_eq!(auto_splits(32705, 8, 132, 16, true), 16); // 32k: one wave
         assert_eq!(auto_splits(449, 64, 132, 16, true), 2); // b8: one wave caps the floor
         assert_eq!(auto_splits(449, 256, 132, 16, true), 1); // b32
