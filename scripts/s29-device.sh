@@ -12,6 +12,9 @@
 #   (main) / decode_bench_acc with the knob off / on (CFP4_DECODE_RESIDUAL_SUMS=1), after
 #   gpu_decode_graph_acc (graph against eager with the knob on, 300 steps).
 # tracc: ncu over one 8B b1 graph step of decode_bench_acc, path off / on (per kernel).
+# uqctx3: main's decode_bench at 3k UltraQuant (tile bound 12 splits) with 6 / 7 / 16
+#   forced: the bounds between 2k (six win) and 4k (sixteen win) that auto_splits has not
+#   measured (needs decode_bench built after the 3072 row was added).
 # Any other step is scripts/s28-device.sh's (and through it s27's, s26's, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +45,11 @@ abacc)
 tracc)
     TRACE_BIN=decode_bench_acc trace "8b nvfp4 b1 ctx512 kvbf16 graph" acc-off
     CFP4_DECODE_RESIDUAL_SUMS=1 TRACE_BIN=decode_bench_acc trace "8b nvfp4 b1 ctx512 kvbf16 graph" acc-on
+    ;;
+uqctx3)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx3072 kvuq graph}" AB_ROUNDS="${AB_ROUNDS:-3}" ab_rows uqctx3 decode_bench \
+        "decode_bench CFP4_DECODE_ATTN=splits=6" "decode_bench CFP4_DECODE_ATTN=splits=7" "decode_bench CFP4_DECODE_ATTN=splits=16"
+    pack_logs uqctx3
     ;;
 *)
     bash scripts/s28-device.sh "$step"

@@ -371,7 +371,7 @@ fn cases() -> Vec<Case> {
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
     add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);
     add("70b nvfp4", LLAMA_70B, true, Bf16, 512, 1, true, true);
-    for ctx in [1024, 2048, 4096] {
+    for ctx in [1024, 2048, 3072, 4096] {
         add("8b nvfp4", LLAMA_8B, true, UltraQuant, ctx, 1, true, true);
         add("8b nvfp4", LLAMA_8B, true, Bf16, ctx, 1, true, true);
     }
