@@ -62,7 +62,10 @@ pub(crate) fn ring_first_default(
 /// merged in the kernel); twelve lose at all three. At 4k the tile bound's 16 beats 6, 7
 /// and 12 (by 25–45, 25–45 and 5–19 µs): there the wider grid wins, so the rule keeps it
 /// from a bound of 9 up (unmeasured between 2k and 4k). Batch 8 and up: one wave is at most
-/// 2 splits, unchanged.
+/// 2 splits, unchanged. Measured at head_dim 128 (16 warps); the 4- and 8-warp UltraQuant
+/// kernels (head_dim 256, wider token tiles) reach a bound of 8 at shorter contexts and take
+/// the same rule unmeasured. With ≥ 4 warps the tile bound never exceeds the 64-token
+/// ranges, so the rule only lowers the bound's 7 or 8 to six.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn auto_splits(
     max_len: usize,
