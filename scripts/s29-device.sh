@@ -10,7 +10,9 @@
 #   its two planner conflicts resolved as a union), $AB_ROWS, $AB_ROUNDS alternating rounds.
 # abacc: the norm on the accumulator (docs/logs/s29/prediction-acc-norm.md): decode_bench
 #   (main) / decode_bench_acc with the knob off / on (CFP4_DECODE_RESIDUAL_SUMS=1), after
-#   gpu_decode_graph_acc (graph against eager with the knob on, 300 steps).
+#   gpu_residual_sums_acc and gpu_decode_graph_acc (graph against eager with the knob on,
+#   300 steps). The *_acc binaries are built from main with
+#   docs/logs/s29/acc-norm/acc-norm.patch applied (rejected: the patch left main).
 # tracc: ncu over one 8B b1 graph step of decode_bench_acc, path off / on (per kernel).
 # uqctx3: main's decode_bench at 3k UltraQuant (tile bound 12 splits) with 6 / 7 / 16
 #   forced: the bounds between 2k (six win) and 4k (sixteen win) that auto_splits has not
