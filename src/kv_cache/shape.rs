@@ -54,18 +54,21 @@ pub(crate) fn ring_first_default(
 
 /// Splits per (sequence, KV head) when the call does not force them: `floor(resident / base)`
 /// (one wave of `resident` CTAs), but at most one per 16-token tile per warp (`by_len`). On
-/// an UltraQuant cache (`fp4`), where that tile bound is at most 8: `min(6, one wave, one
-/// 64-token range each)`. Measured on the H100, 8B b1 (docs/logs/s27/README.md call 10,
-/// docs/logs/s28/ call 2, docs/logs/s29/ call 6): six splits beat the tile bound's 2 at 512
-/// context by 18–39 µs per step, its 4 at 1k by 9–12 µs and its 8 at 2k by 18–33 µs (six
-/// splits and the ring make 7 partials, merged by the combine kernel; 8 splits make 9,
-/// merged in the kernel); twelve lose at all three. At 4k the tile bound's 16 beats 6, 7
-/// and 12 (by 25–45, 25–45 and 5–19 µs): there the wider grid wins, so the rule keeps it
-/// from a bound of 9 up (unmeasured between 2k and 4k). Batch 8 and up: one wave is at most
-/// 2 splits, unchanged. Measured at head_dim 128 (16 warps); the 4- and 8-warp UltraQuant
-/// kernels (head_dim 256, wider token tiles) reach a bound of 8 at shorter contexts and take
-/// the same rule unmeasured. With ≥ 4 warps the tile bound never exceeds the 64-token
-/// ranges, so the rule only lowers the bound's 7 or 8 to six.
+/// an UltraQuant cache (`fp4`), where that tile bound is at most 12: `min(cap, one wave, one
+/// 64-token range each)`, `cap` 6 up to a bound of 8 and 7 from 9 to 12. Measured on the
+/// H100, 8B b1 (docs/logs/s27/README.md call 10, docs/logs/s28/ call 2, docs/logs/s29/ call
+/// 6, docs/logs/s30/ calls 1–2): six splits beat the tile bound's 2 at 512 context by
+/// 18–39 µs per step, its 4 at 1k by 9–12 µs and its 8 at 2k by 18–33 µs (six splits and the
+/// ring make 7 partials, merged by the combine kernel; 8 splits make 9, merged in the
+/// kernel; seven tie with six at 2k, 1–7 µs apart). At 3k (bound 12) seven beat the bound's
+/// 12 by 10–34 µs in four rounds, where six lose to it by 9–41 and eight by 6–13: seven
+/// splits are the most whose partials (with the ring's: 8) still go to the combine kernel.
+/// At 4k the tile bound's 16 beats 6, 7 and 12 (by 25–45, 25–45 and 5–19 µs): there the
+/// wider grid wins, so the rule keeps it from a bound of 13 up (13–15 unmeasured). Batch 8
+/// and up: one wave is at most 2 splits, unchanged. Measured at head_dim 128 (16 warps);
+/// the 4- and 8-warp UltraQuant kernels (head_dim 256, wider token tiles) reach a bound of
+/// 8 at shorter contexts and take the same rule unmeasured. With ≥ 4 warps the tile bound
+/// never exceeds the 64-token ranges, so the rule only lowers a bound of 7 to 12.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn auto_splits(
     max_len: usize,
@@ -76,8 +79,9 @@ pub(crate) fn auto_splits(
 ) -> usize {
     let target = resident_ctas / base_ctas.max(1);
     let by_len = max_len.div_ceil(16 * nw);
-    if fp4 && by_len <= 8 {
-        return 6.min(target).min(max_len.div_ceil(64)).max(1);
+    if fp4 && by_len <= 12 {
+        let cap = if by_len <= 8 { 6 } else { 7 };
+        return cap.min(target).min(max_len.div_ceil(64)).max(1);
     }
     target.min(by_len).max(1)
 }
@@ -335,7 +339,11 @@ mod tests {
         assert_eq!(auto_splits(961, 8, 132, 16, true), 6); // 1k: 4
         assert_eq!(auto_splits(1985, 8, 132, 16, true), 6); // 2k: the tile bound says 8
         assert_eq!(auto_splits(2048, 8, 132, 16, true), 6); // the bound's last 8
-        assert_eq!(auto_splits(2049, 8, 132, 16, true), 9); // past it: the tile bound
+        assert_eq!(auto_splits(2049, 8, 132, 16, true), 7); // bound 9: seven
+        assert_eq!(auto_splits(3009, 8, 132, 16, true), 7); // 3k: the tile bound says 12
+        assert_eq!(auto_splits(3072, 8, 132, 16, true), 7); // the bound's last 12
+        assert_eq!(auto_splits(3073, 8, 132, 16, true), 13); // past it: the tile bound
+        assert_eq!(auto_splits(2049, 8, 48, 16, true), 6); // one wave caps seven too
         assert_eq!(auto_splits(4033, 8, 132, 16, true), 16); // 4k: the tile bound
         assert_eq!(auto_splits(32705, 8, 132, 16, true), 16); // 32k: one wave
         assert_eq!(auto_splits(449, 64, 132, 16, true), 2); // b8: one wave caps the floor
