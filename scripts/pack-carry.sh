@@ -18,6 +18,13 @@ mkdir -p .carry
 excl=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$excl")"
 grep -qx '/.carry/' "$excl" 2>/dev/null || echo /.carry/ >> "$excl"
+# Two trees of this repository (a worktree with a patch, main) built into one target share
+# its build-script output, and build.rs only reruns when a kernel's mtime is newer than its
+# last run: a tree built after another would embed the other's cubins. So a tree switch
+# touches build.rs.
+last="$CARGO_TARGET_DIR/.cfp4-last-tree"
+[ "$(cat "$last" 2>/dev/null)" = "$PWD" ] || touch build.rs
+mkdir -p "$CARGO_TARGET_DIR" && echo "$PWD" > "$last"
 rel="--release"; [ "$kind" = bench ] && rel=""
 exe=$(cargo "$kind" $rel --features cuda "$@" "--$kind" "$name" --no-run 2>&1 | tee /dev/stderr \
     | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
