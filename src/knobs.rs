@@ -18,8 +18,10 @@ pub struct Knobs {
     pub gemv: GemvKnobs,
     /// Decode-attention launches.
     pub attention: AttnKnobs,
-    /// The RMSNorm kernel in front of a packed layer asks L2 for its first weights
-    /// ([`QuantLinear::set_l2_prefetch`](crate::quant_linear::QuantLinear::set_l2_prefetch)).
+    /// The RMSNorm kernel in front of a packed layer may ask L2 for its first weights
+    /// ([`QuantLinear::set_l2_prefetch`](crate::quant_linear::QuantLinear::set_l2_prefetch));
+    /// where it does is the planner's rule per device and layer width
+    /// ([`prefetch_suits`](crate::gemv::packed::prefetch_suits)). `false` turns it off.
     pub l2_prefetch: bool,
 }
 

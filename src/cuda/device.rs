@@ -18,6 +18,9 @@ pub(crate) struct DeviceFacts {
     pub smem_optin: usize,
     /// L2 cache bytes.
     pub l2_bytes: usize,
+    /// Peak DRAM bandwidth in bytes per second (memory clock × bus width × 2, as the
+    /// driver reports them), `None` where the driver does not report them.
+    pub mem_bw: Option<u64>,
     /// The image the device loads by default.
     pub image: Image,
     /// The tuned-table tag, `sm90`, `sm100`, ...
@@ -29,6 +32,16 @@ fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
         .context()
         .attribute(a)
         .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+}
+
+/// Peak DRAM bytes per second from the driver's memory clock (kHz) and bus width (bits),
+/// double data rate: `None` when either is missing or not positive (a planner then keeps
+/// its bandwidth-blind default). H100 SXM: 2,619 MHz × 5,120 bits → 3.35 TB/s; H200:
+/// 3,201 MHz × 6,144 bits → 4.92 TB/s.
+fn peak_bandwidth(clock_khz: Option<i32>, bus_bits: Option<i32>) -> Option<u64> {
+    let khz = u64::try_from(clock_khz?).ok().filter(|&v| v > 0)?;
+    let bits = u64::try_from(bus_bits?).ok().filter(|&v| v > 0)?;
+    khz.checked_mul(1000)?.checked_mul(2)?.checked_mul(bits / 8)
 }
 
 /// The facts of `dev`, queried on the first call per CUDA context (a lock and a map
@@ -62,9 +75,36 @@ pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
         smem_optin: attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0)
             as usize,
         l2_bytes: attribute(dev, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize,
+        mem_bw: peak_bandwidth(
+            attribute(dev, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).ok(),
+            attribute(dev, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).ok(),
+        ),
         image,
         arch: format!("sm{}{}", cc.0, cc.1),
     });
     t.insert(key, f.clone());
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peak_bandwidth;
+
+    #[test]
+    fn peak_bandwidth_from_clock_and_bus() {
+        // H100 SXM (HBM3) and H200 (HBM3e) as their drivers report them.
+        assert_eq!(
+            peak_bandwidth(Some(2_619_000), Some(5120)),
+            Some(3_352_320_000_000)
+        );
+        assert_eq!(
+            peak_bandwidth(Some(3_201_000), Some(6144)),
+            Some(4_916_736_000_000)
+        );
+        assert_eq!(peak_bandwidth(None, Some(6144)), None);
+        assert_eq!(peak_bandwidth(Some(3_201_000), None), None);
+        assert_eq!(peak_bandwidth(Some(0), Some(6144)), None);
+        assert_eq!(peak_bandwidth(Some(-1), Some(6144)), None);
+        assert_eq!(peak_bandwidth(Some(i32::MAX), Some(i32::MAX)), None); // overflows u64
+    }
 }

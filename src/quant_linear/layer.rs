@@ -174,8 +174,10 @@ impl QuantLinear {
 
     /// Whether the RMSNorm kernel in front of this layer
     /// ([`forward_add_norm`](Self::forward_add_norm), unfused) asks L2 for the layer's first
-    /// packed weights while it runs: on by default (sm_90 and newer); a tuning knob of the
-    /// decode step (`Knobs::l2_prefetch`), the result is unchanged.
+    /// packed weights while it runs: on by default where the planner's rule wants it (sm_90
+    /// and newer; on devices with fast DRAM only for layers wider than 4096,
+    /// [`prefetch_suits`](crate::gemv::packed::prefetch_suits)); a tuning knob of the decode
+    /// step (`Knobs::l2_prefetch`), the result is unchanged.
     pub fn set_l2_prefetch(&mut self, on: bool) {
         self.l2_prefetch = on;
     }

@@ -3,14 +3,15 @@
 //! ([`plan_prefetch`]) from the pure rule [`prefetch_tiles`](super::prefetch_tiles).
 
 use super::cuda_weight::{tensor_ptr, PackedWeightRef};
-use super::geometry::{l2_prefetch_budget, prefetch_tiles};
+use super::geometry::{l2_prefetch_budget, prefetch_suits, prefetch_tiles};
 use crate::cuda::facts;
 use crate::kernel_params::L2Prefetch;
 use candle_core::{CudaDevice, Result};
 
 /// The ranges of `w`'s packed codes and scales that its CTAs read first (with `silu_mul`:
 /// the gate and the up tiles), within [`l2_prefetch_budget`] of the device's L2; `None`
-/// below sm_90 (no `cp.async.bulk`) or when not one tile fits. The pointers stay valid
+/// below sm_90 (no `cp.async.bulk`), where [`prefetch_suits`] says the device's DRAM is
+/// fast enough for this layer's width to go without, or when not one tile fits. The pointers stay valid
 /// while the layer holds its weight (the plans live beside it).
 pub(crate) fn plan_prefetch(
     dev: &CudaDevice,
@@ -18,10 +19,10 @@ pub(crate) fn plan_prefetch(
     silu_mul: bool,
 ) -> Result<Option<L2Prefetch>> {
     let fx = facts(dev)?;
-    if fx.cc.0 < 9 {
+    let l = w.layout;
+    if fx.cc.0 < 9 || !prefetch_suits(fx.mem_bw, l.k) {
         return Ok(None);
     }
-    let l = w.layout;
     let runs = prefetch_tiles(
         l.tiles,
         l.half_pad,

@@ -111,6 +111,36 @@ pub fn staged_max_m(slice_k: usize, limit: usize) -> usize {
         .unwrap_or(0)
 }
 
+/// Whether the RMSNorm in front of a packed layer of `k` input features asks L2 for its
+/// first weights on a device of peak DRAM bandwidth `mem_bw` (bytes/s; `None`: unknown,
+/// prefetch as before). Measured with the decode step's knob (`CFP4_DECODE_NO_L2_PREFETCH`,
+/// same binary, alternating rounds; docs/benchmarks.md, twenty-sixth and thirtieth
+/// sessions):
+/// - H100 (3.35 TB/s peak): the prefetch wins everywhere: 8B b1 −10 to −31 µs per step,
+///   b8 −20 to −27, 70B b1 −124 to −157.
+/// - H200 (4.92 TB/s peak): it loses on the 8B (k = 4096): b1 +35 to +37 µs in five rounds,
+///   its UltraQuant row +36 to +43, b8 +15 to +20; it still wins on the 70B (k = 8192):
+///   −48 to −60 µs. SmolLM2's norms run in its GEMVs' prologue (no norm kernel to ask).
+///
+/// So on a device with [`PREFETCH_FAST_DRAM`] or more, only layers wider than
+/// [`PREFETCH_FAST_DRAM_MIN_K`] are prefetched: there the norm kernel's extra microsecond
+/// (4.68 against 3.49 µs alone on the H200) costs more than an 8B layer's weights gain from
+/// an L2 head start, which shrinks as DRAM gets faster. Only these two widths were measured
+/// on the faster card; the threshold sits between them. Pure: the planner asks once per layer.
+pub fn prefetch_suits(mem_bw: Option<u64>, k: usize) -> bool {
+    match mem_bw {
+        Some(bw) if bw >= PREFETCH_FAST_DRAM => k > PREFETCH_FAST_DRAM_MIN_K,
+        _ => true,
+    }
+}
+
+/// Peak DRAM bandwidth (bytes/s) from which [`prefetch_suits`] keeps the prefetch to wide
+/// layers: between the H100's 3.35 and the H200's 4.92 TB/s.
+pub const PREFETCH_FAST_DRAM: u64 = 4_000_000_000_000;
+
+/// Widest layer input (`k`) that a fast-DRAM device does not prefetch: the 8B's 4096.
+pub const PREFETCH_FAST_DRAM_MIN_K: usize = 4096;
+
 /// Bytes of a device's L2 that the prefetch ahead of one GEMV may fill: two fifths (20 MB of
 /// the H100's and H200's 50 MB). In the harness on the H100 (twenty-second session,
 /// docs/benchmarks.md; a one-CTA spacer between calls with a 6 µs DRAM-idle window), 20 MB
@@ -198,6 +228,24 @@ mod tests {
         assert_eq!(g(64, 32), (8, 4)); // few groups, long K: the split
                                        // 70B gate|up: w2 79.9 µs, best w3 78.9 (within 2 %)
         assert_eq!(g(1792, 64).0, 2);
+    }
+
+    #[test]
+    fn prefetch_by_bandwidth() {
+        let (h100, h200) = (Some(3_352_320_000_000), Some(4_916_736_000_000));
+        // H100: every layer (8B and 70B widths, SmolLM2's).
+        for k in [576, 4096, 8192, 14336] {
+            assert!(prefetch_suits(h100, k), "{k}");
+            assert!(prefetch_suits(None, k), "{k}");
+        }
+        // H200: the 70B's q|k|v and gate|up (k = 8192), not the 8B's (4096).
+        assert!(!prefetch_suits(h200, 4096));
+        assert!(!prefetch_suits(h200, 576));
+        assert!(prefetch_suits(h200, 4160));
+        assert!(prefetch_suits(h200, 8192));
+        // The threshold itself.
+        assert!(!prefetch_suits(Some(PREFETCH_FAST_DRAM), 4096));
+        assert!(prefetch_suits(Some(PREFETCH_FAST_DRAM - 1), 4096));
     }
 
     #[test]

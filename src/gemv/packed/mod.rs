@@ -29,8 +29,9 @@ pub(crate) mod norm;
 
 pub use geometry::{
     depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
-    prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem, use_norm_prologue,
-    NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, STAGED_MAX_M,
+    prefetch_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem,
+    use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, PREFETCH_FAST_DRAM,
+    PREFETCH_FAST_DRAM_MIN_K, STAGED_MAX_M,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
