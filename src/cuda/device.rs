@@ -36,8 +36,8 @@ fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
 
 /// Peak DRAM bytes per second from the driver's memory clock (kHz) and bus width (bits),
 /// double data rate: `None` when either is missing or not positive (a planner then keeps
-/// its bandwidth-blind default). H100 SXM: 2,619 MHz × 5,120 bits → 3.35 TB/s; H200:
-/// 3,201 MHz × 6,144 bits → 4.92 TB/s.
+/// its bandwidth-blind default). From the data sheets: H100 SXM 2,619 MHz × 5,120 bits →
+/// 3.35 TB/s; H200 3,201 MHz × 6,144 bits → 4.92 TB/s.
 fn peak_bandwidth(clock_khz: Option<i32>, bus_bits: Option<i32>) -> Option<u64> {
     let khz = u64::try_from(clock_khz?).ok().filter(|&v| v > 0)?;
     let bits = u64::try_from(bus_bits?).ok().filter(|&v| v > 0)?;
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn peak_bandwidth_from_clock_and_bus() {
-        // H100 SXM (HBM3) and H200 (HBM3e) as their drivers report them.
+        // H100 SXM (HBM3) and H200 (HBM3e), their data sheets' memory clocks and buses.
         assert_eq!(
             peak_bandwidth(Some(2_619_000), Some(5120)),
             Some(3_352_320_000_000)

@@ -11,8 +11,8 @@ use candle_core::{CudaDevice, Result};
 /// The ranges of `w`'s packed codes and scales that its CTAs read first (with `silu_mul`:
 /// the gate and the up tiles), within [`l2_prefetch_budget`] of the device's L2; `None`
 /// below sm_90 (no `cp.async.bulk`), where [`prefetch_suits`] says the device's DRAM is
-/// fast enough for this layer's width to go without, or when not one tile fits. The pointers stay valid
-/// while the layer holds its weight (the plans live beside it).
+/// fast enough for this layer's width to go without, or when not one tile fits. The
+/// pointers stay valid while the layer holds its weight (the plans live beside it).
 pub(crate) fn plan_prefetch(
     dev: &CudaDevice,
     w: &PackedWeightRef<'_>,
