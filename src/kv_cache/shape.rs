@@ -68,7 +68,8 @@ pub(crate) fn ring_first_default(
 /// and up: one wave is at most 2 splits, unchanged. Measured at head_dim 128 (16 warps);
 /// the 4- and 8-warp UltraQuant kernels (head_dim 256, wider token tiles) reach a bound of
 /// 8 at shorter contexts and take the same rule unmeasured. With ≥ 4 warps the tile bound
-/// never exceeds the 64-token ranges, so the rule only lowers a bound of 7 to 12.
+/// never exceeds the 64-token ranges, so the rule only lowers bounds 7 and 8 (to six) and
+/// 9 to 12 (to seven).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by kv_cache/attention_cuda.rs and the tests
 pub(crate) fn auto_splits(
     max_len: usize,
