@@ -30,6 +30,17 @@
 // stream after the add). Only the order of the sum of squares differs from the norm
 // kernel's (a warp tree here, over another thread count).
 //
+// BF16 weights (the BW kernels, CFP4_PGEMV_BW): the same kernel over a BF16 weight in its
+// natural layout, bf16 [N, K] row-major (silu_mul: [gate | up], N even), K a multiple of 64,
+// 16-byte aligned rows: no packing and no scales (out_scale 1, `scales` unused, half_pad
+// 0). A K step is one 64-wide chunk (npairs = K / 64 steps); row tile i is rows 16i ..
+// 16i + 15 (silu: gate rows 16i + r and up rows N/2 + 16i + r), rows past the end clamped
+// to the last one and their outputs dropped. Lane (g, t) reads rows g and g + 8 at k = 8t ..
+// 8t + 7 and 32 + 8t .. 32 + 8t + 7 of each chunk: 16 bytes per load, so the 4 lanes of a
+// row read 64 contiguous bytes (two whole 32-byte sectors) per instruction. The products
+// of two bf16 are exact in FP32, so the numerics are the NVFP4 kernels': FP32
+// accumulation, one rounding to bf16.
+//
 // Staged variants (plain, one token tile, one row tile per group): right after
 // griddepcontrol.wait each CTA copies the M rows of x over its own K slice
 // [128 s0, 128 s0 + len) into dynamic shared memory ([M][len + 8] bf16, len a multiple of
@@ -77,9 +88,12 @@ struct Cfg {
     static constexpr int SETS = NT * TILES == 1 ? 2 : 1;
 };
 
-template <int NT, bool SILU, bool PAIR>
+// One K step of a warp's weights in registers: NVFP4, a 128-wide pair (two chunks of 64 k:
+// 16 bytes of codes per chunk per lane, and the pair's scale word); BF16 weights (BW), one
+// 64-wide chunk (rows g and g + 8, two 16-byte pieces each; no scales).
+template <int NT, bool SILU, bool PAIR, bool BW>
 struct Stage {
-    uint4 w[Cfg<NT, SILU, PAIR>::TILES][2];
+    uint4 w[Cfg<NT, SILU, PAIR>::TILES][BW ? 4 : 2];
     uint32_t s[Cfg<NT, SILU, PAIR>::TILES];
 };
 
@@ -95,16 +109,39 @@ __device__ __forceinline__ uint4 load_x(const __nv_bfloat16* p) {
 }
 
 // acc += chunk h of stage s (4 A fragments per tile) times x from `xo` elements past the
-// token rows' cursors xr.
-template <int NT, bool SILU, bool PAIR, bool XS>
+// token rows' cursors xr. Lane t's k of the chunk: NVFP4, 16t .. 16t + 15 (x at +0 and +8);
+// BF16 weights, 8t .. 8t + 7 and 32 + 8t .. 32 + 8t + 7 (x at +0 and +32), so each 16-byte
+// weight load of 8 rows reads 64 contiguous bytes of each row (whole 32-byte sectors).
+template <int NT, bool SILU, bool PAIR, bool XS, bool BW>
 __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
-                                              const Stage<NT, SILU, PAIR>& s, int h, const __nv_bfloat16* const* xr, int xo) {
+                                              const Stage<NT, SILU, PAIR, BW>& s, int h, const __nv_bfloat16* const* xr, int xo) {
     constexpr int TILES = Cfg<NT, SILU, PAIR>::TILES, SETS = Cfg<NT, SILU, PAIR>::SETS;
     uint4 xv[NT][2];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         xv[j][0] = load_x<XS>(xr[j] + xo);
-        xv[j][1] = load_x<XS>(xr[j] + xo + 8);
+        xv[j][1] = load_x<XS>(xr[j] + xo + (BW ? 32 : 8));
+    }
+    if constexpr (BW) {
+        // Word jw: k 8t + 4jw .. +3 (jw < 2) or 32 + 8t + 4(jw - 2) .. +3 of rows g (w[0..1])
+        // and g + 8 (w[2..3]): the A fragment (r0 lo, r1 lo, r0 hi, r1 hi) as bf16 pairs.
+#pragma unroll
+        for (int ti = 0; ti < TILES; ++ti) {
+            const uint4 r0a = s.w[ti][0], r0b = s.w[ti][1], r1a = s.w[ti][2], r1b = s.w[ti][3];
+            const uint32_t a[4][4] = {{r0a.x, r1a.x, r0a.y, r1a.y},
+                                      {r0a.z, r1a.z, r0a.w, r1a.w},
+                                      {r0b.x, r1b.x, r0b.y, r1b.y},
+                                      {r0b.z, r1b.z, r0b.w, r1b.w}};
+#pragma unroll
+            for (int jw = 0; jw < 4; ++jw)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const uint4 xx = xv[j][jw >> 1];
+                    const uint32_t b0 = (jw & 1) ? xx.z : xx.x, b1 = (jw & 1) ? xx.w : xx.y;
+                    mma_bf16(acc[ti][j][jw % SETS], a[jw], b0, b1);
+                }
+        }
+        return;
     }
 #pragma unroll
     for (int ti = 0; ti < TILES; ++ti) {
@@ -333,12 +370,15 @@ __device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16
     __syncthreads();
 }
 
-// U: K pairs (1 KB of codes per tile) in flight per warp in registers (a variant
-// parameter, src/variants.rs).
-template <int NT, bool SILU, int U, XSrc XS, bool PAIR>
+// U: K steps in flight per warp in registers (a variant parameter, src/variants.rs): NVFP4
+// pairs (1 KB of codes per tile), or with BW (BF16 weights [N, K], "BF16 weights" at the
+// top) 64-wide chunks (2 KB per tile).
+template <int NT, bool SILU, int U, XSrc XS, bool PAIR, bool BW>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     static_assert(XS != XSrc::Staged || (NT == 1 && !SILU && !PAIR), "the staged kernels are plain, one tile");
+    static_assert(!BW || XS != XSrc::Norm, "no norm prologue on BF16 weights");
     constexpr bool NORM = XS == XSrc::Norm;
+    constexpr int STEP = BW ? 64 : 128;  // K per step
     using C = Cfg<NT, SILU, PAIR>;
     constexpr int TILES = C::TILES, SETS = C::SETS;
     __shared__ float4 red[MAX_WARPS][TILES][NT][32];
@@ -352,28 +392,48 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     const int np = w1 - w0;
     const int nchunks = p.k / 64;
 
-    // Cursors at this warp's first pair; the loop advances them by U pairs.
-    const uint8_t* wp[TILES];
-    const uint32_t* sp[TILES];
+    // Cursors at this warp's first step; the loop advances them by U steps.
+    const uint8_t* wp[TILES];  // NVFP4: the codes; BW: row g
+    const uint32_t* sp[TILES];  // NVFP4: the scale words
+    const uint8_t* wq[TILES];   // BW: row g + 8
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
-        // Pair: tiles 2g and 2g + 1 (an odd last tile computed twice, written once).
-        const size_t tile = PAIR ? size_t(min(2 * group + i, packed_tiles(p) - 1))
-                                 : size_t(i == 0 ? group : p.half_pad / 16 + group);
-        wp[i] = p.w + ((tile * size_t(2 * p.npairs) + size_t(2 * w0)) * 32 + lane) * 16;
-        sp[i] = p.scales + (tile * size_t(p.npairs) + size_t(w0)) * 32 + lane;
+        if constexpr (BW) {
+            // Rows past N (or past the gate half) read a valid row; their outputs are dropped.
+            const int half = p.n / 2;
+            const int r0 = PAIR ? 16 * min(2 * group + i, packed_tiles(p) - 1) : 16 * group;
+            const int lim = SILU ? half : p.n, base = (SILU && i == 1) ? half : 0;
+            const int ra = base + min(r0 + g, lim - 1), rb = base + min(r0 + g + 8, lim - 1);
+            wp[i] = p.w + (size_t(ra) * size_t(p.k) + size_t(STEP) * size_t(w0) + size_t(8 * t)) * 2;
+            wq[i] = p.w + (size_t(rb) * size_t(p.k) + size_t(STEP) * size_t(w0) + size_t(8 * t)) * 2;
+            sp[i] = nullptr;
+        } else {
+            // Pair: tiles 2g and 2g + 1 (an odd last tile computed twice, written once).
+            const size_t tile = PAIR ? size_t(min(2 * group + i, packed_tiles(p) - 1))
+                                     : size_t(i == 0 ? group : p.half_pad / 16 + group);
+            wp[i] = p.w + ((tile * size_t(2 * p.npairs) + size_t(2 * w0)) * 32 + lane) * 16;
+            sp[i] = p.scales + (tile * size_t(p.npairs) + size_t(w0)) * 32 + lane;
+            wq[i] = nullptr;
+        }
     }
-    // Stage u of the pipeline from pair `i` past the cursors.
-    auto load = [&](Stage<NT, SILU, PAIR>& st, int i) {
+    // Stage u of the pipeline from step `i` past the cursors.
+    auto load = [&](Stage<NT, SILU, PAIR, BW>& st, int i) {
 #pragma unroll
         for (int ti = 0; ti < TILES; ++ti) {
-            st.w[ti][0] = ld_stream_v4(wp[ti] + i * 1024);
-            st.w[ti][1] = ld_stream_v4(wp[ti] + i * 1024 + 512);
-            st.s[ti] = ld_stream_u32(sp[ti] + i * 32);
+            if constexpr (BW) {
+                st.w[ti][0] = ld_stream_v4(wp[ti] + i * 128);
+                st.w[ti][1] = ld_stream_v4(wp[ti] + i * 128 + 64);
+                st.w[ti][2] = ld_stream_v4(wq[ti] + i * 128);
+                st.w[ti][3] = ld_stream_v4(wq[ti] + i * 128 + 64);
+            } else {
+                st.w[ti][0] = ld_stream_v4(wp[ti] + i * 1024);
+                st.w[ti][1] = ld_stream_v4(wp[ti] + i * 1024 + 512);
+                st.s[ti] = ld_stream_u32(sp[ti] + i * 32);
+            }
         }
     };
 
-    Stage<NT, SILU, PAIR> st[U];
+    Stage<NT, SILU, PAIR, BW> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
         if (u < np) load(st[u], u);
@@ -395,19 +455,19 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         xb = xs;
         xstride = size_t(p.k + 8);
     }
-    int xcol = 128 * w0;  // this warp's first x column in xb
+    int xcol = STEP * w0;  // this warp's first x column in xb
     if constexpr (XS == XSrc::Staged) {
         extern __shared__ __align__(16) unsigned char pgemv_dyn[];
         __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
-        const int k0 = 128 * s0, len = max(0, min(128 * (s1 - s0), p.k - k0));
+        const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
         stage_x(p, xs, k0, len);
         xb = xs;
         xstride = size_t(len + 8);
-        xcol = 128 * (w0 - s0);
+        xcol = STEP * (w0 - s0);
     }
     const __nv_bfloat16* xr[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) xr[j] = xb + size_t(min(g + 8 * j, p.m - 1)) * xstride + xcol + 16 * t;
+    for (int j = 0; j < NT; ++j) xr[j] = xb + size_t(min(g + 8 * j, p.m - 1)) * xstride + xcol + (BW ? 8 : 16) * t;
 
     float acc[TILES][NT][SETS][4];
 #pragma unroll
@@ -417,25 +477,31 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
             for (int q = 0; q < SETS; ++q) acc[ti][j][q][0] = acc[ti][j][q][1] = acc[ti][j][q][2] = acc[ti][j][q][3] = 0.f;
 
-    auto compute = [&](const Stage<NT, SILU, PAIR>& s, int h, int xo) { compute_chunk<NT, SILU, PAIR, XS != XSrc::Global>(acc, s, h, xr, xo); };
+    auto compute = [&](const Stage<NT, SILU, PAIR, BW>& s, int h, int xo) { compute_chunk<NT, SILU, PAIR, XS != XSrc::Global, BW>(acc, s, h, xr, xo); };
     auto advance = [&]() {
 #pragma unroll
         for (int ti = 0; ti < TILES; ++ti) {
-            wp[ti] += U * 1024;
-            sp[ti] += U * 32;
+            if constexpr (BW) {
+                wp[ti] += U * 128;
+                wq[ti] += U * 128;
+            } else {
+                wp[ti] += U * 1024;
+                sp[ti] += U * 32;
+            }
         }
 #pragma unroll
-        for (int j = 0; j < NT; ++j) xr[j] += U * 128;
+        for (int j = 0; j < NT; ++j) xr[j] += U * STEP;
     };
 
-    // The warp's last pair has one chunk when it ends an odd K / 64.
-    const int full = (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
+    // NVFP4: the warp's last pair has one chunk when it ends an odd K / 64. BW: one chunk
+    // per step.
+    const int full = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
     int i0 = 0;
     for (; i0 + U <= np; i0 += U) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            compute(st[u], 0, 128 * u);
-            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
+            compute(st[u], 0, STEP * u);
+            if (i0 + u < full) compute(st[u], 1, STEP * u + 64);
             if (i0 + u + U < np) load(st[u], u + U);
         }
         advance();
@@ -443,8 +509,8 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
         if (i0 + u < np) {
-            compute(st[u], 0, 128 * u);
-            if (i0 + u < full) compute(st[u], 1, 128 * u + 64);
+            compute(st[u], 0, STEP * u);
+            if (i0 + u < full) compute(st[u], 1, STEP * u + 64);
         }
     }
 
@@ -459,12 +525,17 @@ constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >
 // XS: Global, Norm or Staged (XSrc).
 #define CFP4_PGEMV(NT, SILU, U, XS, NAME)                                                                  \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU)) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<NT, SILU, U, XSrc::XS, false>(p);                                                            \
+        pgemv<NT, SILU, U, XSrc::XS, false, false>(p);                                                     \
     }
 // Plain, one token tile, two row tiles per group (groups = ceil(tiles / 2)).
 #define CFP4_PGEMV_PAIR(U, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<1, false, U, XSrc::Global, true>(p);                                                                \
+        pgemv<1, false, U, XSrc::Global, true, false>(p);                                                         \
+    }
+// BF16 weights (natural [N, K] layout): PAIR true for two row tiles per group (plain).
+#define CFP4_PGEMV_BW(NT, SILU, PAIR, U, XS, NAME)                                                         \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, pgemv_min_blocks(NT, SILU || PAIR)) NAME(const __grid_constant__ PackedGemvParams p) { \
+        pgemv<NT, SILU, U, XSrc::XS, PAIR, true>(p);                                                       \
     }
 
 // Every variant of src/variants.rs (generated by build.rs).

@@ -23,7 +23,7 @@ struct PackedGemvParams {
     int half_pad;             // offset 68: packed rows of one half (two segments), or 0
     int groups;               // offset 72: CTA work groups (plain: row tiles; silu: tile pairs)
     int split;                // offset 76: CTAs per group, each a slice of K
-    int npairs;               // offset 80: 128-wide K steps per tile = ceil(K / 128)
+    int npairs;               // offset 80: K steps per tile: ceil(K / 128) (NVFP4), K / 64 (BF16 weights)
     int _pad;                 // offset 84
     // The norm variants only (x is then the residual stream; the others ignore these):
     const void* delta;        // offset 88: bf16 [M, K] contiguous added to x, or null

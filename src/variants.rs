@@ -100,6 +100,41 @@ pub fn pgemv_depths(nt: usize, silu_mul: bool) -> Vec<usize> {
     us
 }
 
+/// Kinds of the packed GEMV kernel over BF16 weights in their natural `[N, K]` layout
+/// (`kernels/gemv_packed.cu`, "BF16 weights"): one token tile (up to 8 tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwKind {
+    /// One row tile per CTA group, x read from global memory.
+    Plain,
+    /// Two adjacent row tiles per group fed by one x fragment.
+    Pair,
+    /// `silu(gate)·up` over a `[gate | up]` weight.
+    Silu,
+    /// Plain, with the CTA's K slice of x copied into shared memory first.
+    Staged,
+}
+
+/// The packed GEMV kernels over BF16 weights: `(kind, u)`, `u` the 64-wide K chunks (2 KB
+/// per row tile) each warp keeps in flight in registers.
+pub const PGEMV_BW_KERNELS: [(BwKind, usize); 5] = [
+    (BwKind::Plain, 2),
+    (BwKind::Plain, 4),
+    (BwKind::Pair, 2),
+    (BwKind::Silu, 2),
+    (BwKind::Staged, 4),
+];
+
+/// Name of a packed GEMV kernel over BF16 weights.
+pub fn pgemv_bw_kernel_name(kind: BwKind, u: usize) -> String {
+    let tag = match kind {
+        BwKind::Plain => "bf16",
+        BwKind::Pair => "bf16pair",
+        BwKind::Silu => "bf16silu",
+        BwKind::Staged => "bf16xs",
+    };
+    format!("cfp4_pgemv_{tag}_nt1_u{u}")
+}
+
 /// Decode-attention kernels: `(fp4, head_dim, query-head tiles nt)`; a tile serves `4·nt`
 /// query heads of one KV head. `fp4` = UltraQuant slots, else BF16 K/V.
 pub const KV_ATTN: [(bool, usize, &[usize]); 8] = [
@@ -259,6 +294,16 @@ pub fn pgemv_instances() -> String {
         "CFP4_PGEMV_PAIR({PGEMV_PAIR_U}, {})\n",
         pgemv_pair_kernel_name(PGEMV_PAIR_U)
     );
+    for (kind, u) in PGEMV_BW_KERNELS {
+        let (silu, pair, xs) = match kind {
+            BwKind::Plain => (false, false, "Global"),
+            BwKind::Pair => (false, true, "Global"),
+            BwKind::Silu => (true, false, "Global"),
+            BwKind::Staged => (false, false, "Staged"),
+        };
+        let name = pgemv_bw_kernel_name(kind, u);
+        s += &format!("CFP4_PGEMV_BW(1, {silu}, {pair}, {u}, {xs}, {name})\n");
+    }
     s + "#endif\n"
 }
 

@@ -24,8 +24,9 @@ use candle_fp4::gemv::PackedNvfp4;
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::{swizzle_blockscale_bytes, swizzled_shape};
 use candle_fp4::variants::{
-    pgemv_instances, pgemv_kernel_name, pgemv_norm_kernel_name, pgemv_pair_kernel_name,
-    pgemv_staged_kernel_name, PGEMV_KERNELS, PGEMV_NORM_KERNELS, PGEMV_PAIR_U, PGEMV_STAGED_U,
+    pgemv_bw_kernel_name, pgemv_instances, pgemv_kernel_name, pgemv_norm_kernel_name,
+    pgemv_pair_kernel_name, pgemv_staged_kernel_name, BwKind, PGEMV_BW_KERNELS, PGEMV_KERNELS,
+    PGEMV_NORM_KERNELS, PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -36,11 +37,26 @@ mod emu_common;
 /// Which kernel family a case runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
-    Plain { nt: usize, u: usize },
-    Silu { nt: usize, u: usize },
+    Plain {
+        nt: usize,
+        u: usize,
+    },
+    Silu {
+        nt: usize,
+        u: usize,
+    },
     Pair,
-    Staged { u: usize },
-    Norm { silu: bool },
+    Staged {
+        u: usize,
+    },
+    Norm {
+        silu: bool,
+    },
+    /// BF16 weights in their natural layout.
+    Bw {
+        kind: BwKind,
+        u: usize,
+    },
 }
 
 /// One case: the kernel, the shape, the launch, and what the prologue does.
@@ -57,8 +73,11 @@ struct Case {
 }
 
 struct Inputs {
+    /// The NVFP4 weight (the `Bw` cases: unused, a 16×64 stand-in).
     w: PackedNvfp4,
-    /// Exact dequantized weights e2m1 · e4m3 (no global scale), `[n][k]`.
+    /// The `Bw` cases' BF16 weight `[n][k]`.
+    wb: Vec<bf16>,
+    /// Exact weights (NVFP4: dequantized e2m1 · e4m3, no global scale), `[n][k]`.
     wf: Vec<f64>,
     x: Vec<bf16>,
     delta: Vec<bf16>,
@@ -91,6 +110,19 @@ fn grid_values(len: usize, step: f32, lim: f32, rng: &mut StdRng) -> Vec<bf16> {
 }
 
 fn inputs(c: &Case, rng: &mut StdRng) -> Inputs {
+    if matches!(c.kind, Kind::Bw { .. }) {
+        // Multiples of 1/16 in [-2, 2] times x's multiples of 1/8 below 2: products are
+        // multiples of 2^-7 below 4, so K ≤ 1088 sums need ≤ 20 significant bits (exact).
+        let wb = grid_values(c.n * c.k, 0.0625, 2.0, rng);
+        return Inputs {
+            w: weight(16, 64, rng),
+            wf: wb.iter().map(|v| v.to_f64()).collect(),
+            wb,
+            x: grid_values(c.m * c.k, 0.125, 2.0, rng),
+            delta: Vec::new(),
+            norm_w: Vec::new(),
+        };
+    }
     let w = weight(c.n, c.k, rng);
     let wf: Vec<f64> = w
         .dequantize_bf16()
@@ -111,6 +143,7 @@ fn inputs(c: &Case, rng: &mut StdRng) -> Inputs {
     };
     Inputs {
         w,
+        wb: Vec::new(),
         wf,
         x,
         delta: grid_values(c.m * c.k, 0.25, 1.0, rng),
@@ -136,6 +169,32 @@ fn kernel(kind: Kind) -> (String, bool) {
         Kind::Pair => (pgemv_pair_kernel_name(PGEMV_PAIR_U), true),
         Kind::Staged { u } => (pgemv_staged_kernel_name(u), false),
         Kind::Norm { silu } => (pgemv_norm_kernel_name(silu, 1, 3), silu),
+        Kind::Bw { kind, u } => (
+            pgemv_bw_kernel_name(kind, u),
+            matches!(kind, BwKind::Pair | BwKind::Silu),
+        ),
+    }
+}
+
+/// Whether the case's two row tiles per group are gate and up (else a pair of tiles).
+fn is_silu(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Silu { .. }
+            | Kind::Norm { silu: true }
+            | Kind::Bw {
+                kind: BwKind::Silu,
+                ..
+            }
+    )
+}
+
+/// The output scale the kernel applies: NVFP4's global scale, 1 for BF16 weights.
+fn out_scale(kind: Kind) -> f32 {
+    if matches!(kind, Kind::Bw { .. }) {
+        1.0
+    } else {
+        GLOBAL_SCALE
     }
 }
 
@@ -162,16 +221,33 @@ fn write_case(dir: &Path, i: usize, c: &Case, inp: &Inputs) -> String {
         Kind::Plain { nt, .. } | Kind::Silu { nt, .. } => nt,
         _ => 1,
     };
+    let tiles16 = c.n.div_ceil(16);
     let groups = match c.kind {
         Kind::Pair => l.pair_groups(),
         Kind::Silu { .. } | Kind::Norm { silu: true } => l.groups(true),
+        Kind::Bw { kind, .. } => match kind {
+            BwKind::Pair => tiles16.div_ceil(2),
+            BwKind::Silu => (c.n / 2).div_ceil(16),
+            BwKind::Plain | BwKind::Staged => tiles16,
+        },
         _ => l.groups(false),
     };
-    let silu = two && c.kind != Kind::Pair;
+    let bw = matches!(c.kind, Kind::Bw { .. });
+    // K steps: NVFP4 128-wide pairs, BF16 weights 64-wide chunks.
+    let (steps, half_pad) = if bw {
+        (c.k / 64, 0)
+    } else {
+        (l.npairs, l.half_pad)
+    };
+    let silu = is_silu(c.kind);
     let n_out = if silu { c.n / 2 } else { c.n };
     let smem = match c.kind {
         Kind::Norm { .. } => c.m * (c.k + 8) * 2,
         Kind::Staged { .. } => c.m * (staged_slice_k(c.k, l.npairs, c.split) + 8) * 2,
+        Kind::Bw {
+            kind: BwKind::Staged,
+            ..
+        } => c.m * ((64 * steps.div_ceil(c.split)).min(c.k) + 8) * 2,
         _ => 0,
     };
     let sums = if c.delta { c.m * c.k } else { 0 };
@@ -189,20 +265,25 @@ fn write_case(dir: &Path, i: usize, c: &Case, inp: &Inputs) -> String {
             c.n,
             c.k,
             c.k,
-            l.half_pad,
+            half_pad,
             c.split,
-            l.npairs,
-            GLOBAL_SCALE * 256.0,
+            steps,
+            if bw { 1.0 } else { GLOBAL_SCALE * 256.0 },
             EPS,
             u8::from(c.delta),
             u8::from(norm),
         ),
     )
     .unwrap();
-    let codes = inp.w.codes().to_vec1::<u8>().unwrap();
-    let scales = inp.w.scales().to_vec1::<u32>().unwrap();
-    std::fs::write(d.join("w.bin"), codes).unwrap();
-    std::fs::write(d.join("scales.bin"), bytes(&scales)).unwrap();
+    if bw {
+        std::fs::write(d.join("w.bin"), bytes(&inp.wb)).unwrap();
+        std::fs::write(d.join("scales.bin"), [0u8; 4]).unwrap();
+    } else {
+        let codes = inp.w.codes().to_vec1::<u8>().unwrap();
+        let scales = inp.w.scales().to_vec1::<u32>().unwrap();
+        std::fs::write(d.join("w.bin"), codes).unwrap();
+        std::fs::write(d.join("scales.bin"), bytes(&scales)).unwrap();
+    }
     std::fs::write(d.join("x.bin"), bytes(&inp.x)).unwrap();
     if c.delta {
         std::fs::write(d.join("delta.bin"), bytes(&inp.delta)).unwrap();
@@ -226,8 +307,7 @@ fn check(dir: &Path, name: &str, c: &Case, inp: &Inputs) -> Vec<String> {
         .chunks_exact(2)
         .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
         .collect();
-    let (_, two) = kernel(c.kind);
-    let silu = two && c.kind != Kind::Pair;
+    let silu = is_silu(c.kind);
     let n_out = if silu { c.n / 2 } else { c.n };
     let norm = matches!(c.kind, Kind::Norm { .. });
     let (xrow, sum) = if norm {
@@ -239,7 +319,7 @@ fn check(dir: &Path, name: &str, c: &Case, inp: &Inputs) -> Vec<String> {
     if c.delta && out[..sums] != sum[..] {
         bad.push(format!("{name} {c:?}: x + delta differs from the CPU's"));
     }
-    let gs = f64::from(GLOBAL_SCALE);
+    let gs = f64::from(out_scale(c.kind));
     // (reference, Σ|terms|) of output row r, token t.
     let dot = |t: usize, r: usize| {
         let (mut s, mut a) = (0f64, 0f64);
@@ -421,7 +501,75 @@ fn cases() -> Vec<Case> {
             split: 2,
             ..base.clone()
         },
+        // BF16 weights: row tails (N not a multiple of 16), splits, 8 tokens, odd pairs.
+        Case {
+            kind: bw(BwKind::Plain, 2),
+            m: 3,
+            n: 37,
+            k: 576,
+            warps: 3,
+            ..base.clone()
+        },
+        Case {
+            kind: bw(BwKind::Plain, 4),
+            m: 8,
+            n: 48,
+            k: 1088,
+            split: 3,
+            warps: 2,
+            ..base.clone()
+        },
+        Case {
+            kind: bw(BwKind::Pair, 2),
+            m: 1,
+            n: 41,
+            k: 384,
+            ..base.clone()
+        },
+        Case {
+            kind: bw(BwKind::Pair, 2),
+            m: 6,
+            n: 64,
+            k: 256,
+            split: 2,
+            warps: 2,
+            ..base.clone()
+        },
+        Case {
+            kind: bw(BwKind::Silu, 2),
+            m: 5,
+            n: 70,
+            k: 320,
+            warps: 3,
+            ..base.clone()
+        },
+        Case {
+            kind: bw(BwKind::Silu, 2),
+            m: 1,
+            n: 96,
+            k: 512,
+            split: 2,
+            ..base.clone()
+        },
+        Case {
+            kind: bw(BwKind::Staged, 4),
+            m: 1,
+            n: 33,
+            k: 1024,
+            split: 2,
+            warps: 3,
+            ..base.clone()
+        },
     ]
+}
+
+/// A case kind of the packed GEMV over BF16 weights.
+fn bw(kind: BwKind, u: usize) -> Kind {
+    assert!(
+        PGEMV_BW_KERNELS.contains(&(kind, u)),
+        "no kernel {kind:?} u{u}"
+    );
+    Kind::Bw { kind, u }
 }
 
 /// The kernel source as the emulator compiles it: the dynamic shared memory pointed at the
@@ -449,6 +597,11 @@ fn registry() -> String {
     );
     names.extend(PGEMV_STAGED_U.iter().map(|&u| pgemv_staged_kernel_name(u)));
     names.push(pgemv_pair_kernel_name(PGEMV_PAIR_U));
+    names.extend(
+        PGEMV_BW_KERNELS
+            .iter()
+            .map(|&(kind, u)| pgemv_bw_kernel_name(kind, u)),
+    );
     names
         .iter()
         .map(|n| format!("{{\"{n}\", {n}}},\n"))
