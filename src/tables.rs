@@ -232,7 +232,16 @@ pub fn warmup(
         let x = candle_core::Tensor::zeros((m, k), candle_core::DType::BF16, device)?;
         if bf16 {
             let w = candle_core::Tensor::zeros((n, k), candle_core::DType::BF16, device)?;
-            crate::gemv::bf16_gemv(&x, &w, silu_mul, pdl)?;
+            // One token tile: what a BF16 layer runs, the packed kernel over the natural
+            // layout (where it serves the shape).
+            match crate::gemv::plan_bf16_gemv(&w, silu_mul, pdl)? {
+                Some(p) if nt == 1 => {
+                    crate::gemv::bf16_gemv_planned_packed(&x, &w, &p)?;
+                }
+                _ => {
+                    crate::gemv::bf16_gemv(&x, &w, silu_mul, pdl)?;
+                }
+            }
         } else {
             let w = candle_core::Tensor::zeros((n, k / 2), candle_core::DType::U8, device)?;
             let (np, sp) = crate::nvfp4::swizzled_shape(n, k / 16);

@@ -116,11 +116,14 @@ pub enum BwKind {
 
 /// The packed GEMV kernels over BF16 weights: `(kind, u)`, `u` the 64-wide K chunks (2 KB
 /// per row tile) each warp keeps in flight in registers.
-pub const PGEMV_BW_KERNELS: [(BwKind, usize); 5] = [
+/// Each plain depth has its staged twin (the planner keeps the depth and swaps where x is
+/// read, as for NVFP4).
+pub const PGEMV_BW_KERNELS: [(BwKind, usize); 6] = [
     (BwKind::Plain, 2),
     (BwKind::Plain, 4),
     (BwKind::Pair, 2),
     (BwKind::Silu, 2),
+    (BwKind::Staged, 2),
     (BwKind::Staged, 4),
 ];
 

@@ -552,6 +552,14 @@ fn cases() -> Vec<Case> {
             ..base.clone()
         },
         Case {
+            kind: bw(BwKind::Staged, 2),
+            m: 1,
+            n: 20,
+            k: 448,
+            warps: 2,
+            ..base.clone()
+        },
+        Case {
             kind: bw(BwKind::Staged, 4),
             m: 1,
             n: 33,

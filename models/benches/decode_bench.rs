@@ -95,7 +95,12 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         batch: c.batch,
         cuda_graph: c.graph,
         knobs: candle_fp4::knobs::Knobs {
-            gemv: candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl),
+            // CFP4_DECODE_BF16_LEGACY=1: BF16 layers on gemv.cu's kernel, not the packed
+            // kernel over their natural layout (an A/B in one binary).
+            gemv: candle_fp4::knobs::GemvKnobs {
+                bf16_legacy: std::env::var_os("CFP4_DECODE_BF16_LEGACY").is_some(),
+                ..candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl)
+            },
             attention: attn_knobs()?,
             // CFP4_DECODE_NO_L2_PREFETCH=1: the norms do not prefetch the next layer's
             // weights (an A/B in one binary).
@@ -370,6 +375,7 @@ fn cases() -> Vec<Case> {
     add("8b nvfp4", LLAMA_8B, true, Bf16, 32768, 1, true, true);
     add("8b nvfp4", LLAMA_8B, true, UltraQuant, 32768, 1, true, true);
     add("8b bf16", LLAMA_8B, false, Bf16, 512, 1, true, true);
+    add("8b bf16", LLAMA_8B, false, Bf16, 512, 8, true, true);
     add("70b nvfp4", LLAMA_70B, true, Bf16, 512, 1, true, true);
     for ctx in [1024, 2048, 3072, 4096] {
         add("8b nvfp4", LLAMA_8B, true, UltraQuant, ctx, 1, true, true);

@@ -25,7 +25,10 @@ pub use cpu::{gemv_cpu, gemv_cpu_scalar, gemv_cpu_with, CpuKernel, WeightRows};
 pub use options::GemvPlan;
 pub(crate) use options::Plan;
 pub use options::{GemvKnobs, KernelImage};
-pub use packed::{packed_nvfp4_gemv, packed_nvfp4_gemv_planned, PackedGemvPlan, PackedNvfp4};
+pub use packed::{
+    bf16_gemv_planned_packed, packed_nvfp4_gemv, packed_nvfp4_gemv_planned, plan_bf16_gemv,
+    Bf16GemvPlan, PackedGemvPlan, PackedNvfp4,
+};
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};
 #[cfg(feature = "cuda")]

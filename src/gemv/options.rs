@@ -30,6 +30,9 @@ pub struct GemvKnobs {
     pub split: Option<usize>,
     /// Kernel image.
     pub image: KernelImage,
+    /// BF16 weights at one token tile: the ModelOpt-layout GEMV (`kernels/gemv.cu`) instead
+    /// of the packed kernel over the natural layout (an A/B for benchmarks).
+    pub bf16_legacy: bool,
 }
 
 impl GemvKnobs {

@@ -62,6 +62,18 @@ impl QuantLinear {
             (Choice::Packed(_), _) => {
                 bail!("QuantLinear: internal error, a packed plan for an unpacked weight")
             }
+            #[cfg(feature = "cuda")]
+            (Choice::PackedBf16(plan), Weight::Bf16(w)) => {
+                return crate::gemv::packed::cuda_bf16::bf16_gemv_packed_planned(
+                    x,
+                    w,
+                    plan.clone(),
+                );
+            }
+            #[cfg(feature = "cuda")]
+            (Choice::PackedBf16(_), _) => {
+                bail!("QuantLinear: internal error, a BF16 plan for a quantized weight")
+            }
             (Choice::Gemv(knobs, plan), w) => {
                 return match w {
                     Weight::Nvfp4 {
@@ -180,6 +192,20 @@ impl QuantLinear {
 }
 
 impl QuantLinear {
+    /// The CUDA kernel the planned packed GEMV (NVFP4, or the BF16 weight's natural-layout
+    /// kernel) launches for `m` tokens, `None` for any other path: for tests and benchmarks.
+    #[doc(hidden)]
+    pub fn packed_kernel_for(&self, m: usize, silu_mul: bool) -> Option<&str> {
+        #[cfg(feature = "cuda")]
+        match self.plans.choice(m, silu_mul) {
+            Choice::Packed(p) => return p.kernel_for(m),
+            Choice::PackedBf16(p) => return p.kernel_for(m),
+            _ => {}
+        }
+        let _ = (m, silu_mul);
+        None
+    }
+
     /// Whether [`forward_add_norm`](Self::forward_add_norm) of `m` BF16 tokens runs as one
     /// kernel (the GEMV with the norm in its prologue) rather than the norm, then the layer:
     /// for tests and benchmarks.

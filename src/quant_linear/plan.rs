@@ -32,6 +32,10 @@ pub(crate) enum Choice {
     /// The packed NVFP4 GEMV with its planned launch (CUDA).
     #[cfg(feature = "cuda")]
     Packed(std::sync::Arc<crate::gemv::packed::cuda::PackedPlan>),
+    /// The packed GEMV kernel over the BF16 weight in its natural layout (CUDA, one token
+    /// tile), with its planned launch.
+    #[cfg(feature = "cuda")]
+    PackedBf16(std::sync::Arc<crate::gemv::packed::cuda_bf16::Bf16Plan>),
 }
 
 /// The choice for every `m` in `1..=MAX_M`, without and with the `silu_mul` epilogue.
@@ -201,16 +205,37 @@ fn make_choice(
             let plan = crate::gemv::packed::cuda::plan(d, p.layout(), silu, nt, opts.pdl, sm80)?;
             Ok(Choice::Packed(Arc::new(plan)))
         }
-        (Device::Cuda(d), Some(nt), _) => Ok(Choice::Gemv(
-            *opts,
-            Plan {
-                cuda: Some(Arc::new(crate::gemv::cuda::plan(
-                    d, fp4, n, k, nt, silu, opts,
-                )?)),
-            },
-        )),
+        (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {
+            match crate::gemv::packed::cuda_bf16::plan_bf16(d, n, k, silu, opts.pdl)? {
+                Some(p) => Ok(Choice::PackedBf16(Arc::new(p))),
+                None => legacy_choice(d, fp4, n, k, 1, silu, opts),
+            }
+        }
+        (Device::Cuda(d), Some(nt), _) => legacy_choice(d, fp4, n, k, nt, silu, opts),
         _ => Ok(Choice::Gemv(*opts, Plan::default())),
     }
+}
+
+/// The ModelOpt-layout GEMV (`kernels/gemv.cu`) planned for token tile `nt`.
+#[cfg(feature = "cuda")]
+fn legacy_choice(
+    d: &candle_core::CudaDevice,
+    fp4: bool,
+    n: usize,
+    k: usize,
+    nt: usize,
+    silu: bool,
+    opts: &GemvKnobs,
+) -> Result<Choice> {
+    use std::sync::Arc;
+    Ok(Choice::Gemv(
+        *opts,
+        Plan {
+            cuda: Some(Arc::new(crate::gemv::cuda::plan(
+                d, fp4, n, k, nt, silu, opts,
+            )?)),
+        },
+    ))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -18,7 +18,10 @@
 use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{bf16_gemv_with, packed_nvfp4_gemv_planned, GemvKnobs, PackedNvfp4};
+use candle_fp4::gemv::{
+    bf16_gemv_planned_packed, bf16_gemv_with, packed_nvfp4_gemv_planned, plan_bf16_gemv, GemvKnobs,
+    PackedNvfp4,
+};
 use candle_fp4::nvfp4::swizzled_shape;
 use candle_fp4::quant_linear::silu_mul_halves;
 use candle_fp4::tables::TunedTable;
@@ -101,10 +104,17 @@ fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
             let w = packed[i % sets4].dequantize_bf16()?;
             epi(x.matmul(&w.t()?)?)
         })?;
+        // What a BF16 layer runs: up to 8 tokens the packed kernel over the natural layout
+        // (where it serves the shape), else gemv.cu's kernel.
         let opts = GemvKnobs::with_pdl(true);
-        let gb = gpu_us(dev, c16, |i| {
-            bf16_gemv_with(&x, &wb[i % sets16], s.silu_mul, &opts).map(|_| ())
-        })?;
+        let gb = match plan_bf16_gemv(&wb[0], s.silu_mul, true)? {
+            Some(plan) if m <= 8 => gpu_us(dev, c16, |i| {
+                bf16_gemv_planned_packed(&x, &wb[i % sets16], &plan).map(|_| ())
+            })?,
+            _ => gpu_us(dev, c16, |i| {
+                bf16_gemv_with(&x, &wb[i % sets16], s.silu_mul, &opts).map(|_| ())
+            })?,
+        };
         let mm = gpu_us(dev, c16, |i| epi(x.matmul(&wb[i % sets16].t()?)?))?;
         println!(
             "{:>10} {:>7}x{:<6} m={m:>2}: packed {g:>8.2} us, dequant+matmul {dq:>8.2} ({:.2}x); bf16 gemv {gb:>8.2}, matmul {mm:>8.2} ({:.2}x)",
