@@ -22,8 +22,12 @@ use candle_fp4::quant_linear::QuantLinear;
 use gemv_gpu_common::{abs_dot, bits, check, gpu, layer, quarters, test_tables, R};
 
 /// The test's untuned shapes, given table entries so the layer plans the packed GEMV.
-const TABLE_EXTRA: &[(usize, usize, bool)] =
-    &[(200, 320, false), (272, 1024, true), (64, 8192, false)];
+const TABLE_EXTRA: &[(usize, usize, bool)] = &[
+    (200, 320, false),
+    (272, 1024, true),
+    (64, 4096, false),
+    (64, 8192, false),
+];
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn run(n: usize, k: usize, silu: bool, seed: u64) -> R<()> {
