@@ -27,6 +27,7 @@ const TABLE_EXTRA: &[(usize, usize, bool)] = &[
     (272, 1024, true),
     (64, 4096, false),
     (64, 8192, false),
+    (14336, 8192, true),
 ];
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
