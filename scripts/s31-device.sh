@@ -21,6 +21,15 @@ bw)
     timeout "${BW_TIMEOUT:-300}" ./.carry/bgemv_bench > "$OUT/bgemv_bench.log" 2>&1; echo "rc $?"
     grep -E "^copy|^\||mismatch" "$OUT/bgemv_bench.log"
     ;;
+bw2)
+    # The sweep printed in full (M = 1), with the spacer and back to back (tune's protocol).
+    echo "== bgemv_bench (spacer)"
+    timeout 200 ./.carry/bgemv_bench > "$OUT/bgemv_bench-spacer.log" 2>&1; echo "rc $?"
+    grep -E "^copy|^\| (8B|70B)" "$OUT/bgemv_bench-spacer.log" | cut -c1-120
+    echo "== bgemv_bench (back to back)"
+    CFP4_BW_NO_SPACER=1 timeout 200 ./.carry/bgemv_bench > "$OUT/bgemv_bench-b2b.log" 2>&1; echo "rc $?"
+    grep -E "^copy|^\| (8B|70B)" "$OUT/bgemv_bench-b2b.log" | cut -c1-120
+    ;;
 bwab)
     AB_ROWS="${AB_ROWS:-8b bf16 b1 ctx512 kvbf16 graph;8b bf16 b8 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows bwab "decode_bench CFP4_DECODE_BF16_LEGACY=1" decode_bench \

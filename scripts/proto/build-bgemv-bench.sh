@@ -10,6 +10,7 @@ inc=$(mktemp -d)
     echo "constexpr int MAX_WARPS = 8;"
     echo "#else"
     echo "CFP4_PGEMV_BW(1, false, false, 2, Global, bw_plain_u2)"
+    echo "CFP4_PGEMV_BW(1, false, false, 3, Global, bw_plain_u3)"
     echo "CFP4_PGEMV_BW(1, false, false, 4, Global, bw_plain_u4)"
     echo "CFP4_PGEMV_BW(1, false, false, 6, Global, bw_plain_u6)"
     echo "CFP4_PGEMV_BW(1, false, true, 2, Global, bw_pair_u2)"
