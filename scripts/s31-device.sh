@@ -7,7 +7,8 @@
 #   shipped table: q|k|v, o, down on cuBLAS, gate|up on the BF16 kernel, now the BW one), the
 #   thirtieth session's path (CFP4_DECODE_BF16_LEGACY=1: gate|up on gemv.cu's kernel), and the
 #   candidate table .carry/sm90-bw.json (every 8B/70B BF16 projection on the BW kernel).
-# bwcheck: the GPU test of the BF16-weight kernels (.carry/gpu_gemv_bf16).
+# bwcheck: the GPU test of the BF16-weight kernels (.carry/gpu_gemv_bf16). ngcheck:
+#   gpu_norm_gemv (its prefetch test's table entries fixed).
 # tune: the table (8B, 70B and their TP-2 shards, SmolLM2) into $OUT/sm90.json, BF16 rows now
 #   timing the BW kernel up to 8 tokens. bench31: decode_bench's table with $OUT/sm90.json when
 #   tune wrote it.
@@ -38,6 +39,9 @@ bwab)
     ;;
 bwcheck)
     t gpu_gemv_bf16 200
+    ;;
+ngcheck)
+    t gpu_norm_gemv 200
     ;;
 tune)
     echo "== tune (8B and 70B with their tensor-parallel-2 shards, SmolLM2)"

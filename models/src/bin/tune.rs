@@ -6,7 +6,11 @@
 //! kept) against NVFP4's own matmul path (packed dequantize + cuBLAS), and the BF16 GEMV
 //! against cuBLAS on the BF16 weight; a `silu_mul` shape's matmul paths include the separate
 //! epilogue ops a layer on the matmul path runs ([`silu_mul_halves`]); CUDA-graph replays of ≥ 32 calls rotating among
-//! weight sets totalling ≥ 256 MiB (larger than L2), median of 9. The table lists, per
+//! weight sets totalling ≥ 256 MiB (larger than L2), median of 9; each call takes its input
+//! from an add + RMSNorm of the same shape, as in the decode step, whose chain alone is
+//! subtracted (`--back-to-back`: calls back to back, where a GEMV's early weight loads
+//! overlap the previous call). The BF16 GEMV is what a layer runs: the packed kernel over the
+//! natural layout up to 8 tokens, `kernels/gemv.cu`'s beyond. The table lists, per
 //! shape, the token tiles whose geometric-mean speedup across the M they serve is above 1,
 //! with that margin (`candle_fp4_models::tune::table_entry`); everything else runs the
 //! matmul. Load it with `CANDLE_FP4_TABLES=DIR` or commit it as `tables/<arch>.json`.
@@ -22,6 +26,7 @@ use candle_fp4::gemv::{
     bf16_gemv_planned_packed, bf16_gemv_with, packed_nvfp4_gemv_planned, plan_bf16_gemv, GemvKnobs,
     PackedNvfp4,
 };
+use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::swizzled_shape;
 use candle_fp4::quant_linear::silu_mul_halves;
 use candle_fp4::tables::TunedTable;
@@ -48,6 +53,11 @@ struct Args {
     /// Where to write the table (default: print it).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Time the calls back to back. By default each call takes its input from an add +
+    /// RMSNorm of the same M × K (the decode step's order: a norm or the attention's small
+    /// kernels run between two projections) and the norms' chain alone is subtracted.
+    #[arg(long)]
+    back_to_back: bool,
 }
 
 fn err(e: impl std::fmt::Debug) -> candle_core::Error {
@@ -66,7 +76,7 @@ fn gpu_us(
 /// (m, GEMV µs, matmul-path µs) of NVFP4 and of BF16 for one shape.
 type Rows = Vec<(usize, f64, f64)>;
 
-fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
+fn measure(dev: &Device, s: &GemvShape, ms: &[usize], back_to_back: bool) -> Result<(Rows, Rows)> {
     let (n, k) = (s.n, s.k);
     let (np, sp) = swizzled_shape(n, k / 16);
     let fp4_bytes = n * k / 2 + np * sp;
@@ -88,34 +98,54 @@ fn measure(dev: &Device, s: &GemvShape, ms: &[usize]) -> Result<(Rows, Rows)> {
         }
         Ok(())
     };
+    let norm = AddRmsNorm::new(&Tensor::ones(k, DType::BF16, dev)?, 1e-5)?;
     let (mut fp4, mut bf16) = (vec![], vec![]);
     for &m in ms {
-        let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
+        let x0 = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
+        let d = Tensor::randn(0f32, 0.1, (m, k), dev)?.to_dtype(DType::BF16)?;
+        // Each call's input: the norm's output (its chain alone subtracted), or x itself.
+        let input = || -> candle_core::Result<Tensor> {
+            if back_to_back {
+                Ok(x0.clone())
+            } else {
+                Ok(norm.forward(&x0, Some(&d))?.1)
+            }
+        };
         let c4 = (sets4 * 4).max(32);
         let c16 = (sets16 * 4).max(32);
+        let base = |calls: usize| -> Result<f64> {
+            if back_to_back {
+                Ok(0.0)
+            } else {
+                gpu_us(dev, calls, |_| input().map(|_| ()))
+            }
+        };
+        let (b4, b64, b16) = (base(c4)?, base(c4.min(64))?, base(c16)?);
         let mut g = f64::INFINITY;
         for pdl in [false, true] {
             let plan = packed[0].plan(s.silu_mul, m, pdl)?;
-            g = g.min(gpu_us(dev, c4, |i| {
-                packed_nvfp4_gemv_planned(&x, &packed[i % sets4], &plan).map(|_| ())
-            })?);
+            g = g.min(
+                gpu_us(dev, c4, |i| {
+                    packed_nvfp4_gemv_planned(&input()?, &packed[i % sets4], &plan).map(|_| ())
+                })? - b4,
+            );
         }
         let dq = gpu_us(dev, c4.min(64), |i| {
             let w = packed[i % sets4].dequantize_bf16()?;
-            epi(x.matmul(&w.t()?)?)
-        })?;
+            epi(input()?.matmul(&w.t()?)?)
+        })? - b64;
         // What a BF16 layer runs: up to 8 tokens the packed kernel over the natural layout
         // (where it serves the shape), else gemv.cu's kernel.
         let opts = GemvKnobs::with_pdl(true);
         let gb = match plan_bf16_gemv(&wb[0], s.silu_mul, true)? {
             Some(plan) if m <= 8 => gpu_us(dev, c16, |i| {
-                bf16_gemv_planned_packed(&x, &wb[i % sets16], &plan).map(|_| ())
+                bf16_gemv_planned_packed(&input()?, &wb[i % sets16], &plan).map(|_| ())
             })?,
             _ => gpu_us(dev, c16, |i| {
-                bf16_gemv_with(&x, &wb[i % sets16], s.silu_mul, &opts).map(|_| ())
+                bf16_gemv_with(&input()?, &wb[i % sets16], s.silu_mul, &opts).map(|_| ())
             })?,
-        };
-        let mm = gpu_us(dev, c16, |i| epi(x.matmul(&wb[i % sets16].t()?)?))?;
+        } - b16;
+        let mm = gpu_us(dev, c16, |i| epi(input()?.matmul(&wb[i % sets16].t()?)?))? - b16;
         println!(
             "{:>10} {:>7}x{:<6} m={m:>2}: packed {g:>8.2} us, dequant+matmul {dq:>8.2} ({:.2}x); bf16 gemv {gb:>8.2}, matmul {mm:>8.2} ({:.2}x)",
             s.name,
@@ -180,7 +210,7 @@ fn main() -> Result<()> {
         .map_err(err)?;
     let mut entries = vec![];
     for s in &shapes {
-        let (fp4, bf16) = measure(&dev, s, &ms)?;
+        let (fp4, bf16) = measure(&dev, s, &ms, a.back_to_back)?;
         entries.extend(table_entry(s, false, &fp4));
         entries.extend(table_entry(s, true, &bf16));
     }
@@ -188,7 +218,12 @@ fn main() -> Result<()> {
         arch: format!("sm{major}{minor}"),
         device: format!("compute capability {major}.{minor}"),
         measured: format!(
-            "tune: packed NVFP4 GEMV vs packed dequantize + cuBLAS, BF16 GEMV vs cuBLAS, M in {ms:?}; nt listed when its geometric-mean speedup over the M it serves is > 1 (margins)"
+            "tune: packed NVFP4 GEMV vs packed dequantize + cuBLAS, BF16 GEMV vs cuBLAS, M in {ms:?}, {}; nt listed when its geometric-mean speedup over the M it serves is > 1 (margins)",
+            if a.back_to_back {
+                "calls back to back"
+            } else {
+                "each call after an add + RMSNorm (its chain subtracted)"
+            }
         ),
         entries,
     };
