@@ -65,20 +65,6 @@ __global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k) {
     volatile unsigned short* v = reinterpret_cast<volatile unsigned short*>(x);
     for (int i = threadIdx.x; i < k; i += blockDim.x) v[i] = v[i];
 }
-template <class... P, class... A>
-static void launch_pdl(void (*kernel)(P...), unsigned grid, unsigned block, size_t smem, cudaStream_t st, A... args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
 
 // Median µs per call of 32 launches in one graph, each followed by the spacer, less the
 // spacers' chain alone.
@@ -231,6 +217,24 @@ int main() {
         CK(cudaMalloc(&counters, 1 << 20));
         CK(cudaMemset(counters, 0, 1 << 20));
         const int n_out = s.silu ? s.n / 2 : s.n;
+        // The parameter block of one BW launch on weight copy `w`.
+        auto params = [&](const __nv_bfloat16* w, int m, int groups, int split) {
+            PackedGemvParams p{};
+            p.w = reinterpret_cast<const uint8_t*>(w);
+            p.x = x;
+            p.out = y;
+            p.partial = partial;
+            p.counters = counters;
+            p.out_scale = 1.f;
+            p.m = m;
+            p.n = s.n;
+            p.k = s.k;
+            p.x_stride = s.k;
+            p.groups = groups;
+            p.split = split;
+            p.npairs = s.k / 64;
+            return p;
+        };
         for (int m : {1, 8}) {
             // Best BW configuration.
             double best = 1e30;
@@ -253,20 +257,7 @@ int main() {
                         const size_t need = size_t(groups) * split * (v.pair || v.silu ? 2 : 1) * 32 * 16;
                         if (split > 1 && need > (size_t(64) << 20)) continue;
                         auto launch = [&](cudaStream_t st, int i) {
-                            PackedGemvParams p{};
-                            p.w = reinterpret_cast<const uint8_t*>(ws[size_t(i) % ws.size()]);
-                            p.x = x;
-                            p.out = y;
-                            p.partial = partial;
-                            p.counters = counters;
-                            p.out_scale = 1.f;
-                            p.m = m;
-                            p.n = s.n;
-                            p.k = s.k;
-                            p.x_stride = s.k;
-                            p.groups = groups;
-                            p.split = split;
-                            p.npairs = nsteps;
+                            const PackedGemvParams p = params(ws[size_t(i) % ws.size()], m, groups, split);
                             launch_pdl(v.fn, unsigned(groups * split), unsigned(32 * warps), smem, st, p);
                         };
                         const double us = time_graph(launch);
@@ -289,20 +280,7 @@ int main() {
                 const int per_slice = (nsteps + bs_ - 1) / bs_;
                 const size_t smem = bv->staged ? size_t(m) * (std::min(64 * per_slice, s.k) + 8) * 2 : 0;
                 CK(cudaMemset(y, 0xff, size_t(MAXM) * s.n * 2));  // poison
-                PackedGemvParams p{};
-                p.w = reinterpret_cast<const uint8_t*>(ws[0]);
-                p.x = x;
-                p.out = y;
-                p.partial = partial;
-                p.counters = counters;
-                p.out_scale = 1.f;
-                p.m = m;
-                p.n = s.n;
-                p.k = s.k;
-                p.x_stride = s.k;
-                p.groups = groups;
-                p.split = bs_;
-                p.npairs = nsteps;
+                const PackedGemvParams p = params(ws[0], m, groups, bs_);
                 launch_pdl(bv->fn, unsigned(groups * bs_), unsigned(32 * bw_), smem, 0, p);
                 CK(cudaDeviceSynchronize());
                 std::vector<uint16_t> hy(size_t(m) * n_out);

@@ -300,21 +300,6 @@ __global__ void __launch_bounds__(256) spacer_kernel(__nv_bfloat16* x, int k, lo
     volatile unsigned short* v = reinterpret_cast<volatile unsigned short*>(x);
     for (int i = threadIdx.x; i < k; i += blockDim.x) v[i] = v[i];
 }
-// One launch of `kernel` with programmatic dependent launch allowed.
-template <class... P, class... A>
-static void launch_pdl(void (*kernel)(P...), unsigned grid, unsigned block, size_t smem, cudaStream_t st, A... args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
 // The spacer after call i: it prefetches call i + 1's weights (CFP4_PGEMV_SPACER_PF).
 static void launch_spacer(cudaStream_t st, int i) {
     const L2Prefetch pf = g_pf.empty() ? L2Prefetch{} : g_pf[size_t(i + 1) % g_pf.size()];

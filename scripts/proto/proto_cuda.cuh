@@ -1,5 +1,6 @@
 // proto_cuda.cuh: what the stand-alone harnesses of scripts/proto share: CK (exit on a CUDA
-// error, naming the call) and median event timings (of any work, of graph replays).
+// error, naming the call), median event timings (of any work, of graph replays) and a launch
+// with programmatic dependent launch allowed.
 #pragma once
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -43,4 +44,20 @@ static inline float median_ms(cudaStream_t st, int reps, int warm, F work) {
 // Median milliseconds of `reps` replays of `ge` on `st`, after `warm` untimed replays.
 static inline float median_replay_ms(cudaGraphExec_t ge, cudaStream_t st, int reps, int warm) {
     return median_ms(st, reps, warm, [&](cudaStream_t s) { CK(cudaGraphLaunch(ge, s)); });
+}
+
+// One launch of `kernel` with programmatic dependent launch allowed.
+template <class... P, class... A>
+static void launch_pdl(void (*kernel)(P...), unsigned grid, unsigned block, size_t smem, cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }

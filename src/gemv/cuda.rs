@@ -112,12 +112,7 @@ pub(crate) fn forward(
 ) -> Result<(CudaStorage, Shape)> {
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k) = lx.shape().dims2()?;
-    let st = lx.stride();
-    let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-        bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-    }
+    let (m, k, rs) = super::packed::cuda::x_rows(op, lx)?;
     let fp4 = matches!(w, Weights::Fp4 { .. });
     let n = match &w {
         Weights::Fp4 { lc, .. } => lc.shape().dims2()?.0,

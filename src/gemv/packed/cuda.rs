@@ -18,7 +18,7 @@ use crate::variants::{
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
 };
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Shape};
 use half::bf16;
@@ -31,6 +31,33 @@ pub(crate) fn tile_for(m: usize) -> usize {
         .into_iter()
         .find(|nt| 8 * nt >= m)
         .unwrap_or(PGEMV_NTS[PGEMV_NTS.len() - 1])
+}
+
+/// `(m, k, row stride)` of a GEMV kernel's x `[M, K]`: unit inner stride, the row stride and
+/// offset multiples of 8 elements (16-byte rows), else an error naming `op`.
+pub(crate) fn x_rows(op: &str, lx: &Layout) -> Result<(usize, usize, usize)> {
+    let (m, k) = lx.shape().dims2()?;
+    let st = lx.stride();
+    let rs = if m == 1 { k } else { st[0] };
+    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
+        bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
+    }
+    Ok((m, k, rs))
+}
+
+/// The device address of an optional workspace (0 when there is none) and the guard that
+/// must outlive the launch reading it.
+pub(super) fn opt_ptr<'a, T>(
+    s: &'a Option<CudaSlice<T>>,
+    stream: &'a CudaStream,
+) -> (u64, Option<SyncOnDrop<'a>>) {
+    match s {
+        Some(w) => {
+            let (p, g) = w.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    }
 }
 
 /// One packed GEMV kernel resolved for one device, layer and token tile: function, grid,
@@ -328,12 +355,7 @@ pub(crate) fn forward(
     let l = &plan.layout;
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k) = lx.shape().dims2()?;
-    let st = lx.stride();
-    let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-        bail!("{OP}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-    }
+    let (m, k, rs) = x_rows(OP, lx)?;
     if k != l.k || m == 0 || m > plan.max_m {
         bail!(
             "{OP}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",
@@ -360,20 +382,8 @@ pub(crate) fn forward(
         let (cp, _gc) = cs.device_ptr(&stream);
         let (sp, _gs) = ss.device_ptr(&stream);
         let (op_, _go) = out.device_ptr_mut(&stream);
-        let (pp, _gp) = match &plan.partial {
-            Some(w) => {
-                let (p, g) = w.device_ptr(&stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
-        let (cnt, _gn) = match &plan.counters {
-            Some(w) => {
-                let (p, g) = w.device_ptr(&stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
+        let (pp, _gp) = opt_ptr(&plan.partial, &stream);
+        let (cnt, _gn) = opt_ptr(&plan.counters, &stream);
         let p = PackedGemvParams {
             w: cp,
             scales: sp,

@@ -4,7 +4,7 @@
 //! checks the storages and launches. The weight is the tensor a matmul would use: no
 //! repacking, no second copy.
 
-use super::cuda::occupancies;
+use super::cuda::{occupancies, opt_ptr, x_rows};
 use super::geometry::{depth_suits, packed_geometry, pair_suits, stage_suits, STAGED_MAX_M};
 use crate::cuda::{facts, launch, module, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
@@ -162,12 +162,7 @@ pub(crate) fn forward_bf16(
     const OP: &str = "bf16_gemv (packed kernel)";
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k) = lx.shape().dims2()?;
-    let st = lx.stride();
-    let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-        bail!("{OP}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-    }
+    let (m, k, rs) = x_rows(OP, lx)?;
     if k != plan.k || m == 0 || m > BW_MAX_M {
         bail!(
             "{OP}: the launch plan is for K = {} and up to {BW_MAX_M} tokens, the call has K = {k} and {m}",
@@ -190,20 +185,8 @@ pub(crate) fn forward_bf16(
         let (xp, _gx) = xsl.device_ptr(&stream);
         let (wp, _gw) = ws.device_ptr(&stream);
         let (op_, _go) = out.device_ptr_mut(&stream);
-        let (pp, _gp) = match &plan.partial {
-            Some(s) => {
-                let (p, g) = s.device_ptr(&stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
-        let (cnt, _gn) = match &plan.counters {
-            Some(s) => {
-                let (p, g) = s.device_ptr(&stream);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
+        let (pp, _gp) = opt_ptr(&plan.partial, &stream);
+        let (cnt, _gn) = opt_ptr(&plan.counters, &stream);
         let p = PackedGemvParams {
             w: wp,
             scales: 0,
