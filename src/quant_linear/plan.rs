@@ -206,7 +206,8 @@ fn make_choice(
             Ok(Choice::Packed(Arc::new(plan)))
         }
         (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {
-            match crate::gemv::packed::cuda_bf16::plan_bf16(d, n, k, silu, opts.pdl)? {
+            let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
+            match crate::gemv::packed::cuda_bf16::plan_bf16(d, n, k, silu, opts.pdl, sm80)? {
                 Some(p) => Ok(Choice::PackedBf16(Arc::new(p))),
                 None => legacy_choice(d, fp4, n, k, 1, silu, opts),
             }

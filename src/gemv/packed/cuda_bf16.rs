@@ -6,7 +6,7 @@
 
 use super::cuda::{occupancies, opt_ptr, x_rows};
 use super::geometry::{depth_suits, packed_geometry, pair_suits, stage_suits, STAGED_MAX_M};
-use crate::cuda::{facts, launch, module, KernelFile, Launch};
+use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{pgemv_bw_kernel_name, BwKind, PGEMV_BW_KERNELS};
@@ -55,14 +55,16 @@ fn depths(kind: BwKind) -> Vec<usize> {
 }
 
 /// Plans the GEMV of a BF16 `[n, k]` weight on `dev` (a lock and occupancy queries: call it
-/// at load). `None` when the kernels cannot serve the shape (`k` not a multiple of 64, an
-/// odd `n` with `silu_mul`).
+/// at load); `sm80`: the sm_80 code (JIT from PTX) instead of the device's image. `None`
+/// when the kernels cannot serve the shape (`k` not a multiple of 64, an odd `n` with
+/// `silu_mul`).
 pub(crate) fn plan_bf16(
     dev: &CudaDevice,
     n: usize,
     k: usize,
     silu_mul: bool,
     pdl: bool,
+    sm80: bool,
 ) -> Result<Option<Bf16Plan>> {
     if n == 0 || k == 0 || !k.is_multiple_of(BW_STEP) || (silu_mul && !n.is_multiple_of(2)) {
         return Ok(None);
@@ -71,7 +73,8 @@ pub(crate) fn plan_bf16(
         bail!("BF16 GEMV: [{n}, {k}] does not fit the kernel's 32-bit sizes");
     }
     let fa = facts(dev)?;
-    let loaded = module(dev, KernelFile::GemvPacked, fa.image)?;
+    let image = if sm80 { Image::Compute80Ptx } else { fa.image };
+    let loaded = module(dev, KernelFile::GemvPacked, image)?;
     let steps = k / BW_STEP;
     let tiles = n.div_ceil(16);
     let (kind, groups) = if silu_mul {
@@ -124,7 +127,7 @@ pub(crate) fn plan_bf16(
             grid: (ctas as u32, 1, 1),
             block: 32 * warps as u32,
             cluster: 1,
-            pdl: pdl && fa.image.has_sm90_features(),
+            pdl: pdl && image.has_sm90_features(),
             smem: 0,
         },
         staged,

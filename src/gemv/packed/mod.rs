@@ -553,7 +553,7 @@ pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
         return Ok(
-            cuda_bf16::plan_bf16(d, n, k, silu_mul, pdl)?.map(|p| Bf16GemvPlan {
+            cuda_bf16::plan_bf16(d, n, k, silu_mul, pdl, false)?.map(|p| Bf16GemvPlan {
                 plan: std::sync::Arc::new(p),
             }),
         );
