@@ -9,8 +9,8 @@
 // (gemv_packed.cu, "Packed layout"); the norm variants take x = rms_norm(x + delta) * norm_w
 // (rmsnorm_math.cuh) and write x + delta.
 struct PackedGemvParams {
-    const uint8_t* w;         // offset  0: packed codes, 16-byte aligned
-    const uint32_t* scales;   // offset  8: packed scale words
+    const uint8_t* w;         // offset  0: packed codes (BW kernels: the bf16 [N, K] weight), 16-byte aligned
+    const uint32_t* scales;   // offset  8: packed scale words (BW kernels: unused)
     const void* x;            // offset 16: bf16 [M, K], row stride x_stride
     void* out;                // offset 24: bf16 [M, N] or [M, N/2] (silu_mul)
     float* partial;           // offset 32: split > 1: [groups][split][TILES*NT*32] float4
