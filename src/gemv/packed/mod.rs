@@ -12,6 +12,7 @@
 //! Every op here also runs on the CPU (the reference: unpack, then the CPU GEMV), so the
 //! layout is tested without a GPU.
 
+mod bf16_weight;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
@@ -29,6 +30,7 @@ mod layout;
 #[cfg(feature = "cuda")]
 pub(crate) mod norm;
 
+pub use bf16_weight::{bf16_gemv_planned_packed, plan_bf16_gemv, Bf16GemvPlan};
 pub use geometry::{
     depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
     prefetch_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem,
@@ -514,71 +516,4 @@ pub(crate) fn packed_gemv_with(x: &Tensor, w: &PackedNvfp4, op: PackedGemv) -> R
         bail!("{OP}: x and the weight are on different devices");
     }
     x.apply_op3_no_bwd(&w.codes, &w.scales, &op)
-}
-
-/// A launch of the packed GEMV kernel over a BF16 weight in its natural `[N, K]` layout,
-/// planned once for one weight shape and epilogue (CUDA, up to 8 tokens): what
-/// [`QuantLinear`](crate::quant_linear::QuantLinear) runs for a BF16 layer at one token
-/// tile, for benchmarks, `tune` and tests.
-#[derive(Debug, Clone)]
-pub struct Bf16GemvPlan {
-    #[cfg(feature = "cuda")]
-    plan: std::sync::Arc<cuda_bf16::Bf16Plan>,
-}
-
-impl Bf16GemvPlan {
-    /// The CUDA kernel this plan launches for `m` tokens (`None` outside `1..=8`).
-    pub fn kernel_for(&self, m: usize) -> Option<&str> {
-        #[cfg(feature = "cuda")]
-        return self.plan.kernel_for(m);
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = m;
-            None
-        }
-    }
-}
-
-/// Plans the BF16-weight GEMV of `w` (BF16 `[N, K]` on a CUDA device) with or without the
-/// `silu_mul` epilogue; `pdl`: programmatic dependent launch. `None` on the CPU and where
-/// the kernels do not serve the shape (`K` not a multiple of 64, odd `N` with `silu_mul`).
-pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf16GemvPlan>> {
-    let (n, k) = w.dims2()?;
-    if w.dtype() != DType::BF16 {
-        bail!(
-            "plan_bf16_gemv: the weight must be BF16, got {:?}",
-            w.dtype()
-        );
-    }
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(d) = w.device() {
-        return Ok(
-            cuda_bf16::plan_bf16(d, n, k, silu_mul, pdl, false)?.map(|p| Bf16GemvPlan {
-                plan: std::sync::Arc::new(p),
-            }),
-        );
-    }
-    let _ = (n, k, silu_mul, pdl);
-    Ok(None)
-}
-
-/// `x` BF16 `[M, K]` (M ≤ 8) times `w` (BF16 `[N, K]`, contiguous) transposed by `plan`
-/// (made by [`plan_bf16_gemv`] for `w`'s shape): BF16 `[M, N]`, or `[M, N/2]` =
-/// `silu(gate)·up` for a `silu_mul` plan. FP32 accumulation, one rounding.
-pub fn bf16_gemv_planned_packed(x: &Tensor, w: &Tensor, plan: &Bf16GemvPlan) -> Result<Tensor> {
-    const OP: &str = "bf16_gemv_planned_packed";
-    let (_, k) = check_x(OP, x)?;
-    if w.dims2()?.1 != k {
-        bail!("{OP}: x has K = {k}, the weight is {:?}", w.dims());
-    }
-    if !x.device().same_device(w.device()) {
-        bail!("{OP}: x and the weight are on different devices");
-    }
-    #[cfg(feature = "cuda")]
-    return cuda_bf16::bf16_gemv_packed_planned(x, w, plan.plan.clone());
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = plan;
-        bail!("{OP}: built without the cuda feature")
-    }
 }
