@@ -2,10 +2,11 @@
 //! a plan made once per weight shape and epilogue ([`plan_bf16_gemv`]) and its launch
 //! ([`bf16_gemv_planned_packed`]). CUDA only; the CPU runs [`bf16_gemv`](crate::gemv::bf16_gemv).
 
-use super::super::checks::check_x;
 #[cfg(feature = "cuda")]
-use super::cuda_bf16;
+use super::cuda_bf16::{bf16_gemv_packed_planned, plan_bf16, Bf16Plan};
+use crate::gemv::checks::check_x;
 use candle_core::{bail, DType, Result, Tensor};
+
 /// A launch of the packed GEMV kernel over a BF16 weight in its natural `[N, K]` layout,
 /// planned once for one weight shape and epilogue (CUDA, up to 8 tokens): what
 /// [`QuantLinear`](crate::quant_linear::QuantLinear) runs for a BF16 layer at one token
@@ -13,7 +14,7 @@ use candle_core::{bail, DType, Result, Tensor};
 #[derive(Debug, Clone)]
 pub struct Bf16GemvPlan {
     #[cfg(feature = "cuda")]
-    plan: std::sync::Arc<cuda_bf16::Bf16Plan>,
+    plan: std::sync::Arc<Bf16Plan>,
 }
 
 impl Bf16GemvPlan {
@@ -43,7 +44,7 @@ pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
         return Ok(
-            cuda_bf16::plan_bf16(d, n, k, silu_mul, pdl, false)?.map(|p| Bf16GemvPlan {
+            plan_bf16(d, n, k, silu_mul, pdl, false)?.map(|p| Bf16GemvPlan {
                 plan: std::sync::Arc::new(p),
             }),
         );
@@ -65,7 +66,7 @@ pub fn bf16_gemv_planned_packed(x: &Tensor, w: &Tensor, plan: &Bf16GemvPlan) -> 
         bail!("{OP}: x and the weight are on different devices");
     }
     #[cfg(feature = "cuda")]
-    return cuda_bf16::bf16_gemv_packed_planned(x, w, plan.plan.clone());
+    return bf16_gemv_packed_planned(x, w, plan.plan.clone());
     #[cfg(not(feature = "cuda"))]
     {
         let _ = plan;
