@@ -234,8 +234,13 @@ pub fn warmup(
             let w = candle_core::Tensor::zeros((n, k), candle_core::DType::BF16, device)?;
             // One token tile: what a BF16 layer runs, the packed kernel over the natural
             // layout (where it serves the shape).
-            match crate::gemv::plan_bf16_gemv(&w, silu_mul, pdl)? {
-                Some(p) if nt == 1 => {
+            let plan = if nt == 1 {
+                crate::gemv::plan_bf16_gemv(&w, silu_mul, pdl)?
+            } else {
+                None
+            };
+            match plan {
+                Some(p) => {
                     crate::gemv::bf16_gemv_planned_packed(&x, &w, &p)?;
                 }
                 _ => {

@@ -31,6 +31,19 @@ pub(crate) fn check_x(op: &str, x: &Tensor) -> Result<(usize, usize)> {
     Ok((m, k))
 }
 
+/// `(m, k, row stride)` of a GEMV kernel's x `[M, K]`: unit inner stride, the row stride and
+/// offset multiples of 8 elements (16-byte rows), else an error naming `op`.
+#[cfg(feature = "cuda")]
+pub(crate) fn x_rows(op: &str, lx: &Layout) -> Result<(usize, usize, usize)> {
+    let (m, k) = lx.shape().dims2()?;
+    let st = lx.stride();
+    let rs = if m == 1 { k } else { st[0] };
+    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
+        bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
+    }
+    Ok((m, k, rs))
+}
+
 /// The BF16 rows of `x` from its storage (starting at the layout's offset) and their
 /// stride; `x` must have unit inner stride.
 pub(crate) fn x_view<'a>(

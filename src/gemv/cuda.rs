@@ -112,7 +112,7 @@ pub(crate) fn forward(
 ) -> Result<(CudaStorage, Shape)> {
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k, rs) = super::packed::cuda::x_rows(op, lx)?;
+    let (m, k, rs) = super::checks::x_rows(op, lx)?;
     let fp4 = matches!(w, Weights::Fp4 { .. });
     let n = match &w {
         Weights::Fp4 { lc, .. } => lc.shape().dims2()?.0,

@@ -33,18 +33,6 @@ pub(crate) fn tile_for(m: usize) -> usize {
         .unwrap_or(PGEMV_NTS[PGEMV_NTS.len() - 1])
 }
 
-/// `(m, k, row stride)` of a GEMV kernel's x `[M, K]`: unit inner stride, the row stride and
-/// offset multiples of 8 elements (16-byte rows), else an error naming `op`.
-pub(crate) fn x_rows(op: &str, lx: &Layout) -> Result<(usize, usize, usize)> {
-    let (m, k) = lx.shape().dims2()?;
-    let st = lx.stride();
-    let rs = if m == 1 { k } else { st[0] };
-    if st[1] != 1 || !lx.start_offset().is_multiple_of(8) || rs % 8 != 0 {
-        bail!("{op}: x must have unit inner stride, a row stride and offset multiple of 8 (16-byte rows)");
-    }
-    Ok((m, k, rs))
-}
-
 /// The device address of an optional workspace (0 when there is none) and the guard that
 /// must outlive the launch reading it.
 pub(super) fn opt_ptr<'a, T>(
@@ -110,7 +98,7 @@ pub(super) fn occupancies(f: &CudaFunction, name: &str, smem: usize) -> Result<[
 /// The grid of `groups · split` CTAs and, for a split, its workspace: partial sums of
 /// `tiles · nt` MMA tiles per CTA and one arrival counter per group (zeroed).
 type Workspace = (Option<CudaSlice<f32>>, Option<CudaSlice<u32>>);
-fn grid_and_workspace(
+pub(super) fn grid_and_workspace(
     dev: &CudaDevice,
     groups: usize,
     split: usize,
@@ -119,7 +107,7 @@ fn grid_and_workspace(
 ) -> Result<(usize, Workspace)> {
     let ctas = groups * split;
     if ctas > i32::MAX as usize {
-        bail!("packed NVFP4 GEMV: {ctas} CTAs are too many for one launch");
+        bail!("packed GEMV: {ctas} CTAs are too many for one launch");
     }
     let ws = if split > 1 {
         let per = tiles * nt * 32 * 4;
@@ -355,7 +343,7 @@ pub(crate) fn forward(
     let l = &plan.layout;
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
-    let (m, k, rs) = x_rows(OP, lx)?;
+    let (m, k, rs) = crate::gemv::checks::x_rows(OP, lx)?;
     if k != l.k || m == 0 || m > plan.max_m {
         bail!(
             "{OP}: the launch plan is for K = {} and up to {} tokens, the call has K = {k} and {m}",

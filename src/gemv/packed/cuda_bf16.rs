@@ -4,9 +4,12 @@
 //! checks the storages and launches. The weight is the tensor a matmul would use: no
 //! repacking, no second copy.
 
-use super::cuda::{occupancies, opt_ptr, x_rows};
-use super::geometry::{depth_suits, packed_geometry, pair_suits, stage_suits, STAGED_MAX_M};
+use super::cuda::{grid_and_workspace, occupancies, opt_ptr};
+use super::geometry::{
+    depth_suits, packed_geometry, pair_suits, stage_suits, staged_smem, STAGED_MAX_M,
+};
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
+use crate::gemv::checks::x_rows;
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{pgemv_bw_kernel_name, BwKind, PGEMV_BW_KERNELS};
@@ -99,22 +102,18 @@ pub(crate) fn plan_bf16(
     let Some((f, name, u, warps, split)) = chosen else {
         bail!("BF16 GEMV: no kernel of kind {kind:?} is compiled");
     };
-    let ctas = groups * split;
-    let two = matches!(kind, BwKind::Pair | BwKind::Silu);
-    let (partial, counters) = if split > 1 {
-        let per = if two { 2 } else { 1 } * 32 * 4;
-        (
-            Some(dev.alloc_zeros::<f32>(ctas * per)?),
-            Some(dev.alloc_zeros::<u32>(groups)?),
-        )
+    let tiles_per_group = if matches!(kind, BwKind::Pair | BwKind::Silu) {
+        2
     } else {
-        (None, None)
+        1
     };
+    let (ctas, (partial, counters)) = grid_and_workspace(dev, groups, split, tiles_per_group, 1)?;
     let mut staged = None;
-    if kind == BwKind::Plain && stage_suits(ctas, fa.sms) && STAGED_MAX_M >= 1 {
+    if kind == BwKind::Plain && stage_suits(ctas, fa.sms) {
+        // One token's x rows over the CTA's K slice, within the default 48 KiB.
         let slice_k = (BW_STEP * steps.div_ceil(split)).min(k);
-        let bytes = (slice_k + 8) * 2;
-        if PGEMV_BW_KERNELS.contains(&(BwKind::Staged, u)) && bytes <= 48 * 1024 {
+        let bytes = staged_smem(1, slice_k).filter(|&b| b <= 48 * 1024);
+        if let (Some(bytes), true) = (bytes, PGEMV_BW_KERNELS.contains(&(BwKind::Staged, u))) {
             let sname = pgemv_bw_kernel_name(BwKind::Staged, u);
             let (sf, _) = loaded.function(&sname)?;
             staged = Some((sf, sname, bytes as u32));
