@@ -322,17 +322,7 @@ static double time_graph(F launch, int calls = 32, bool spacers_only = false) {
         if (!spacers_only) launch(st, i);
         if (spacer) launch_spacer(st, i);
     };
-    for (int i = 0; i < 3; ++i) one(i);
-    CK(cudaStreamSynchronize(st));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) one(i);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    const float ms = median_replay_ms(ge, st, 15, 1);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
+    const float ms = graph_ms_per_replay(st, calls, one);
     cudaStreamDestroy(st);
     const double us = double(ms) * 1000.0 / calls;
     if (!spacer || spacers_only) return us;

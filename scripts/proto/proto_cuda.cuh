@@ -1,6 +1,6 @@
 // proto_cuda.cuh: what the stand-alone harnesses of scripts/proto share: CK (exit on a CUDA
-// error, naming the call), median event timings (of any work, of graph replays) and a launch
-// with programmatic dependent launch allowed.
+// error, naming the call), median event timings (of any work, of graph replays, of a graph
+// captured from calls) and a launch with programmatic dependent launch allowed.
 #pragma once
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -44,6 +44,24 @@ static inline float median_ms(cudaStream_t st, int reps, int warm, F work) {
 // Median milliseconds of `reps` replays of `ge` on `st`, after `warm` untimed replays.
 static inline float median_replay_ms(cudaGraphExec_t ge, cudaStream_t st, int reps, int warm) {
     return median_ms(st, reps, warm, [&](cudaStream_t s) { CK(cudaGraphLaunch(ge, s)); });
+}
+
+// Median milliseconds of one replay of a graph of `calls` calls `one(i)` captured on `st`,
+// after three eager calls (module loads) and one untimed replay; median of 15 replays.
+template <class F>
+static inline float graph_ms_per_replay(cudaStream_t st, int calls, F one) {
+    for (int i = 0; i < 3; ++i) one(i);
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) one(i);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    const float ms = median_replay_ms(ge, st, 15, 1);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return ms;
 }
 
 // One launch of `kernel` with programmatic dependent launch allowed.
