@@ -122,6 +122,8 @@ fn errors_are_errors() -> R<()> {
     let wide = Tensor::zeros((64, 256), DType::BF16, &dev)?;
     let x1 = Tensor::zeros((1, 128), DType::BF16, &dev)?;
     assert!(bf16_gemv_planned_packed(&x1, &wide.narrow(1, 0, 128)?, &plan).is_err());
+    // A weight of another dtype.
+    assert!(bf16_gemv_planned_packed(&x1, &w.to_dtype(DType::F32)?, &plan).is_err());
     Ok(())
 }
 

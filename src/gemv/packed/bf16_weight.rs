@@ -59,6 +59,9 @@ pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf
 pub fn bf16_gemv_planned_packed(x: &Tensor, w: &Tensor, plan: &Bf16GemvPlan) -> Result<Tensor> {
     const OP: &str = "bf16_gemv_planned_packed";
     let (_, k) = check_x(OP, x)?;
+    if w.dtype() != DType::BF16 {
+        bail!("{OP}: the weight must be BF16, got {:?}", w.dtype());
+    }
     if w.dims2()?.1 != k {
         bail!("{OP}: x has K = {k}, the weight is {:?}", w.dims());
     }
