@@ -33,6 +33,9 @@ pub struct GemvKnobs {
     /// BF16 weights at one token tile: the ModelOpt-layout GEMV (`kernels/gemv.cu`) instead
     /// of the packed kernel over the natural layout (an A/B for benchmarks).
     pub bf16_legacy: bool,
+    /// The packed kernel over BF16 weights launched with the NVFP4 kernel's geometry rule
+    /// (`packed_geometry`) instead of its own (`bw_geometry`): an A/B for benchmarks.
+    pub bw_packed_rule: bool,
 }
 
 impl GemvKnobs {

@@ -207,7 +207,15 @@ fn make_choice(
         }
         (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
-            match crate::gemv::packed::cuda_bf16::plan_bf16(d, n, k, silu, opts.pdl, sm80)? {
+            match crate::gemv::packed::cuda_bf16::plan_bf16(
+                d,
+                n,
+                k,
+                silu,
+                opts.pdl,
+                sm80,
+                opts.bw_packed_rule,
+            )? {
                 Some(p) => Ok(Choice::PackedBf16(Arc::new(p))),
                 None => legacy_choice(d, fp4, n, k, 1, silu, opts),
             }

@@ -44,7 +44,7 @@ pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
         return Ok(
-            plan_bf16(d, n, k, silu_mul, pdl, false)?.map(|p| Bf16GemvPlan {
+            plan_bf16(d, n, k, silu_mul, pdl, false, false)?.map(|p| Bf16GemvPlan {
                 plan: std::sync::Arc::new(p),
             }),
         );

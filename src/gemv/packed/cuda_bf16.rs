@@ -6,7 +6,8 @@
 
 use super::cuda::{grid_and_workspace, occupancies, opt_ptr};
 use super::geometry::{
-    depth_suits, packed_geometry, pair_suits, stage_suits, staged_smem, STAGED_MAX_M,
+    bw_geometry, depth_suits, packed_geometry, pair_suits, stage_suits, staged_smem, BW_DEEP_RUN,
+    STAGED_MAX_M,
 };
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::gemv::checks::x_rows;
@@ -58,7 +59,8 @@ fn depths(kind: BwKind) -> Vec<usize> {
 }
 
 /// Plans the GEMV of a BF16 `[n, k]` weight on `dev` (a lock and occupancy queries: call it
-/// at load); `sm80`: the sm_80 code (JIT from PTX) instead of the device's image. `None`
+/// at load); `sm80`: the sm_80 code (JIT from PTX) instead of the device's image;
+/// `packed_rule`: the NVFP4 kernel's geometry rule instead of the BF16 one (an A/B). `None`
 /// when the kernels cannot serve the shape (`k` not a multiple of 64, an odd `n` with
 /// `silu_mul`).
 pub(crate) fn plan_bf16(
@@ -68,6 +70,7 @@ pub(crate) fn plan_bf16(
     silu_mul: bool,
     pdl: bool,
     sm80: bool,
+    packed_rule: bool,
 ) -> Result<Option<Bf16Plan>> {
     if n == 0 || k == 0 || !k.is_multiple_of(BW_STEP) || (silu_mul && !n.is_multiple_of(2)) {
         return Ok(None);
@@ -87,25 +90,36 @@ pub(crate) fn plan_bf16(
     } else {
         (BwKind::Plain, tiles)
     };
+    let tiles_per_group = if matches!(kind, BwKind::Pair | BwKind::Silu) {
+        2
+    } else {
+        1
+    };
     let us = depths(kind);
     let mut chosen = None;
     for (i, &u) in us.iter().enumerate() {
         let name = pgemv_bw_kernel_name(kind, u);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
-        let (warps, split) = packed_geometry(groups, steps, fa.sms, &occ);
-        if i + 1 == us.len() || depth_suits(steps, warps, split, u) {
+        let last = i + 1 == us.len();
+        let (warps, split) = if packed_rule {
+            packed_geometry(groups, steps, fa.sms, &occ)
+        } else {
+            let step_bytes = tiles_per_group * 16 * BW_STEP * 2;
+            bw_geometry(groups, steps, step_bytes, u, fa.sms, &occ)
+        };
+        let suits = if packed_rule {
+            depth_suits(steps, warps, split, u)
+        } else {
+            depth_suits(steps, warps, split, BW_DEEP_RUN.max(u))
+        };
+        if last || suits {
             chosen = Some((f, name, u, warps, split));
             break;
         }
     }
     let Some((f, name, u, warps, split)) = chosen else {
         bail!("BF16 GEMV: no kernel of kind {kind:?} is compiled");
-    };
-    let tiles_per_group = if matches!(kind, BwKind::Pair | BwKind::Silu) {
-        2
-    } else {
-        1
     };
     let (ctas, (partial, counters)) = grid_and_workspace(dev, groups, split, tiles_per_group, 1)?;
     let mut staged = None;

@@ -47,6 +47,73 @@ pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) 
     (warps, split)
 }
 
+/// Weight bytes in flight per SM that [`bw_geometry`] asks of a BF16-weight GEMV's grid.
+/// By Little's law an SM streams its share of the H200's ~4.2 TB/s (32 GB/s over 132 SMs)
+/// with ~1 µs of DRAM latency from ~32 KB in flight; the sweep (docs/benchmarks.md,
+/// thirty-second session) puts the knee at this value.
+pub const BW_INFLIGHT_PER_SM: usize = 40 * 1024;
+
+/// Warp runs (64-wide K steps per warp) from which [`bw_geometry`]'s caller keeps four
+/// steps in flight per warp rather than two.
+pub const BW_DEEP_RUN: usize = 48;
+
+/// Warps per CTA and K split of the packed GEMV over BF16 weights (`kernels/gemv_packed.cu`,
+/// `BW`) for `groups` work groups of `steps` 64-wide K steps, each step `group_step_bytes`
+/// of weights (2 KiB for one 16-row tile, 4 KiB for the pair and silu groups), `u` steps in
+/// flight per warp, on `sms` SMs where `occ[w]` CTAs of `w` warps fit on one SM.
+///
+/// The kernel is bound by bytes in flight, not by instructions (~0.015 warp-instructions
+/// per byte), so unlike [`packed_geometry`] (whose CTA time shrinks with its warps) its time
+/// is the bytes over the bandwidth once enough of them are in flight, plus the CTA's
+/// reduction across its warps (longer with more warps) and the grid's tail. The rule: the
+/// fewest warps whose grid fits in one wave with [`BW_INFLIGHT_PER_SM`] in flight; where no
+/// count reaches it, the one-wave count with the most in flight; where no count fits one
+/// wave, two warps (the most CTAs per wave). The K split is [`packed_geometry`]'s: only for
+/// a grid of eight-warp CTAs covering at most half the SMs. Pure: the planner calls it once
+/// per layer.
+pub fn bw_geometry(
+    groups: usize,
+    steps: usize,
+    group_step_bytes: usize,
+    u: usize,
+    sms: usize,
+    occ: &[usize],
+) -> (usize, usize) {
+    let occ_of = |w: usize| occ.get(w).copied().unwrap_or(0);
+    let sms = sms.max(1);
+    let inflight = |w: usize| {
+        groups
+            .saturating_mul(w)
+            .saturating_mul(u)
+            .saturating_mul(group_step_bytes)
+            / sms
+    };
+    let one_wave: Vec<usize> = PACKED_WARPS
+        .filter(|&w| occ_of(w) > 0 && groups <= sms * occ_of(w))
+        .collect();
+    let warps = one_wave
+        .iter()
+        .copied()
+        .find(|&w| inflight(w) >= BW_INFLIGHT_PER_SM)
+        .or_else(|| one_wave.iter().copied().max_by_key(|&w| inflight(w)))
+        .unwrap_or_else(|| {
+            PACKED_WARPS
+                .clone()
+                .find(|&w| occ_of(w) > 0)
+                .unwrap_or(*PACKED_WARPS.start())
+        });
+    let mut split = 1;
+    if warps == 8 && 2 * groups <= sms {
+        for s in [4, 2] {
+            if groups * s <= sms * occ_of(8).max(1) && steps >= 8 * s {
+                split = s;
+                break;
+            }
+        }
+    }
+    (warps, split)
+}
+
 /// Does a kernel keeping `u` K pairs in flight per warp suit this launch? Only when each
 /// warp's run (of `npairs` split over `split` CTAs and `warps` warps) is at least `u`
 /// pairs: shorter runs never reach the main loop, and the deeper kernel's longer prologue
@@ -340,6 +407,36 @@ mod tests {
         assert_eq!(staged_max_m(14336, 28_687), 0);
         assert_eq!(staged_max_m(14336, 28_688), 1);
         assert_eq!(staged_max_m(usize::MAX, usize::MAX), 0);
+    }
+
+    /// CTAs per SM of the H200 BF16-weight kernels by warps (ptxas: 124-128 registers).
+    const H200_BW: [usize; 9] = [0, 16, 8, 5, 4, 3, 2, 2, 2];
+
+    #[test]
+    fn bw_rule_on_the_8b_shapes() {
+        let g = |groups, steps, bytes, u| bw_geometry(groups, steps, bytes, u, 132, &H200_BW);
+        // The spacer protocol's best of 2..=8 warps (thirty-first session, M = 1):
+        assert_eq!(g(384, 64, 2048, 2), (4, 1)); // 8B q|k|v: plain u2 w4 14.22 µs
+        assert_eq!(g(256, 64, 2048, 2), (6, 1)); // 8B o: plain u2 w6 10.05
+        assert_eq!(g(256, 224, 2048, 4), (3, 1)); // 8B down: plain u4 w3 36.63
+                                                  // Fewest warps with 40 KiB in flight: the silu groups carry 4 KiB a step.
+        assert_eq!(g(896, 64, 4096, 2), (2, 1)); // 8B gate|up
+                                                 // No count reaches the target in one wave: the one with the most in flight, and a
+                                                 // split for few groups with long K.
+        assert_eq!(g(36, 9, 2048, 2), (8, 1)); // SmolLM2 o: 36 groups, 9 steps
+        assert_eq!(g(36, 224, 2048, 2), (8, 4));
+        // No count fits one wave: two warps, the most CTAs per wave.
+        assert_eq!(g(4008, 64, 4096, 2), (2, 1)); // 8B lm_head (pair groups)
+    }
+
+    #[test]
+    fn bw_rule_degenerate_inputs() {
+        assert_eq!(bw_geometry(0, 0, 0, 0, 0, &[]), (2, 1));
+        assert_eq!(bw_geometry(10, 64, 2048, 2, 132, &[0; 9]), (2, 1));
+        assert_eq!(
+            bw_geometry(usize::MAX, usize::MAX, usize::MAX, 4, 132, &H200_BW),
+            (2, 1)
+        );
     }
 
     #[test]

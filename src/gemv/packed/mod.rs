@@ -32,10 +32,10 @@ pub(crate) mod norm;
 
 pub use bf16_weight::{bf16_gemv_planned_packed, plan_bf16_gemv, Bf16GemvPlan};
 pub use geometry::{
-    depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
+    bw_geometry, depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
     prefetch_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem,
-    use_norm_prologue, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS, PREFETCH_FAST_DRAM,
-    PREFETCH_FAST_DRAM_MIN_K, STAGED_MAX_M,
+    use_norm_prologue, BW_DEEP_RUN, BW_INFLIGHT_PER_SM, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+    PREFETCH_FAST_DRAM, PREFETCH_FAST_DRAM_MIN_K, STAGED_MAX_M,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
