@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Thirty-second session's device runs: $@ = steps; run through scripts/s32-call.sh (STEPS=...).
 # bwab2: decode_bench's all-BF16 8B rows (b1, b8), alternating: the BF16-weight kernel with
-#   its own geometry rule (bw_geometry, the default) and with the NVFP4 kernel's
-#   (CFP4_DECODE_BW_PACKED_RULE=1), each with the table tune wrote in this call ($OUT/sm90.json,
-#   else the built-in one); and the default with .carry/sm90-bw.json (every 8B BF16
-#   projection on the kernel).
+#   the NVFP4 kernel's geometry rule (the default, what the step was measured with), with its
+#   own rule (bw_geometry: CFP4_DECODE_BW_FITTED_RULE=1), and with its own rule and
+#   .carry/sm90-bw.json (every 8B BF16 projection on the kernel).
+# tunefit: tune's BF16 rows with the fitted rule (--bw-fitted-rule) into $OUT/sm90-fitted.json.
 # Any other step is scripts/s31-device.sh's (bw2, bwcheck, tune, bench31, ...).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -14,12 +14,18 @@ for step in "$@"; do
 if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
 case "$step" in
 bwab2)
-    tab=""; [ -s "$OUT/sm90.json" ] && tab="CANDLE_FP4_TABLES=$OUT"
     AB_ROWS="${AB_ROWS:-8b bf16 b1 ctx512 kvbf16 graph;8b bf16 b8 ctx512 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows bwab2 "decode_bench $tab" \
-        "decode_bench $tab CFP4_DECODE_BW_PACKED_RULE=1" \
-        "decode_bench CANDLE_FP4_TABLES=.carry/sm90-bw.json"
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows bwab2 decode_bench \
+        "decode_bench CFP4_DECODE_BW_FITTED_RULE=1" \
+        "decode_bench CANDLE_FP4_TABLES=.carry/sm90-bw.json CFP4_DECODE_BW_FITTED_RULE=1"
     pack_logs bwab2
+    ;;
+tunefit)
+    echo "== tune --bw-fitted-rule (8B, 70B and their TP-2 shards)"
+    timeout 240 ./.carry/tune --config tests/data/configs/llama-3.1-8b.json \
+        --config tests/data/configs/llama-3.1-70b.json --tp 2 --ms 1,2,4,8 --bw-fitted-rule \
+        --out "$OUT/sm90-fitted.json" > "$OUT/tune-fitted.log" 2>&1; echo "rc $?"
+    grep -E "m= 1:" "$OUT/tune-fitted.log" | cut -c1-150
     ;;
 *)
     bash scripts/s31-device.sh "$step"

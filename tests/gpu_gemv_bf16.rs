@@ -11,7 +11,7 @@
 mod gemv_gpu_common;
 
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{bf16_gemv_planned_packed, plan_bf16_gemv};
+use candle_fp4::gemv::{bf16_gemv_planned_packed, plan_bf16_gemv, plan_bf16_gemv_with, GemvKnobs};
 use gemv_gpu_common::{abs_dot, check, gpu, rand_x, R};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -38,15 +38,20 @@ fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<Vec<Str
             .to_vec2::<f32>()?;
         let absd = abs_dot(&xg, &wg, 1.0)?;
         for &silu in silus {
-            for pdl in [false, true] {
-                let plan =
-                    plan_bf16_gemv(&wg, silu, pdl)?.expect("the BF16 kernels serve this shape");
+            // Both geometry rules (the fitted one picks other warp counts and depths).
+            for (pdl, fitted) in [(false, false), (true, false), (true, true)] {
+                let knobs = GemvKnobs {
+                    bw_fitted_rule: fitted,
+                    ..GemvKnobs::with_pdl(pdl)
+                };
+                let plan = plan_bf16_gemv_with(&wg, silu, &knobs)?
+                    .expect("the BF16 kernels serve this shape");
                 kernels.push(plan.kernel_for(m).unwrap_or("none").to_string());
                 // Poison: a NaN buffer of the output's size freed just before the call.
                 drop(Tensor::full(f32::NAN, (m, n), &dev)?.to_dtype(DType::BF16)?);
                 let y = bf16_gemv_planned_packed(&xg, &wg, &plan)?;
                 let what = format!(
-                    "bf16 {n}x{k} m={m} silu={silu} pdl={pdl} ({})",
+                    "bf16 {n}x{k} m={m} silu={silu} pdl={pdl} fitted rule={fitted} ({})",
                     kernels.last().unwrap()
                 );
                 check(&what, &y, &pre, &absd, k, silu, false)?;

@@ -27,7 +27,7 @@ pub(crate) use options::Plan;
 pub use options::{GemvKnobs, KernelImage};
 pub use packed::{
     bf16_gemv_planned_packed, packed_nvfp4_gemv, packed_nvfp4_gemv_planned, plan_bf16_gemv,
-    Bf16GemvPlan, PackedGemvPlan, PackedNvfp4,
+    plan_bf16_gemv_with, Bf16GemvPlan, PackedGemvPlan, PackedNvfp4,
 };
 
 use crate::nvfp4::{swizzled_shape, BLOCK_SIZE};

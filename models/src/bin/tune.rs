@@ -23,8 +23,8 @@ use anyhow::{bail, Context, Result};
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
 use candle_fp4::gemv::{
-    bf16_gemv_planned_packed, bf16_gemv_with, packed_nvfp4_gemv_planned, plan_bf16_gemv, GemvKnobs,
-    PackedNvfp4,
+    bf16_gemv_planned_packed, bf16_gemv_with, packed_nvfp4_gemv_planned, plan_bf16_gemv_with,
+    GemvKnobs, PackedNvfp4,
 };
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::swizzled_shape;
@@ -58,6 +58,10 @@ struct Args {
     /// kernels run between two projections) and the norms' chain alone is subtracted.
     #[arg(long)]
     back_to_back: bool,
+    /// Time BF16 layers' packed kernel with its own geometry rule (`bw_geometry`) instead of
+    /// the NVFP4 kernel's (what `QuantLinear` runs unless `GemvKnobs::bw_fitted_rule`).
+    #[arg(long)]
+    bw_fitted_rule: bool,
 }
 
 fn err(e: impl std::fmt::Debug) -> candle_core::Error {
@@ -76,7 +80,13 @@ fn gpu_us(
 /// (m, GEMV µs, matmul-path µs) of NVFP4 and of BF16 for one shape.
 type Rows = Vec<(usize, f64, f64)>;
 
-fn measure(dev: &Device, s: &GemvShape, ms: &[usize], back_to_back: bool) -> Result<(Rows, Rows)> {
+fn measure(
+    dev: &Device,
+    s: &GemvShape,
+    ms: &[usize],
+    back_to_back: bool,
+    bw_fitted_rule: bool,
+) -> Result<(Rows, Rows)> {
     let (n, k) = (s.n, s.k);
     let (np, sp) = swizzled_shape(n, k / 16);
     let fp4_bytes = n * k / 2 + np * sp;
@@ -136,8 +146,11 @@ fn measure(dev: &Device, s: &GemvShape, ms: &[usize], back_to_back: bool) -> Res
         })? - b64;
         // What a BF16 layer runs: up to 8 tokens the packed kernel over the natural layout
         // (where it serves the shape), else gemv.cu's kernel.
-        let opts = GemvKnobs::with_pdl(true);
-        let gb = match plan_bf16_gemv(&wb[0], s.silu_mul, true)? {
+        let opts = GemvKnobs {
+            bw_fitted_rule,
+            ..GemvKnobs::with_pdl(true)
+        };
+        let gb = match plan_bf16_gemv_with(&wb[0], s.silu_mul, &opts)? {
             Some(plan) if m <= 8 => gpu_us(dev, c16, |i| {
                 bf16_gemv_planned_packed(&input()?, &wb[i % sets16], &plan).map(|_| ())
             })?,
@@ -210,7 +223,7 @@ fn main() -> Result<()> {
         .map_err(err)?;
     let mut entries = vec![];
     for s in &shapes {
-        let (fp4, bf16) = measure(&dev, s, &ms, a.back_to_back)?;
+        let (fp4, bf16) = measure(&dev, s, &ms, a.back_to_back, a.bw_fitted_rule)?;
         entries.extend(table_entry(s, false, &fp4));
         entries.extend(table_entry(s, true, &bf16));
     }

@@ -1,10 +1,11 @@
 //! The packed GEMV kernel over a BF16 weight in its natural `[N, K]` layout, as a public op:
-//! a plan made once per weight shape and epilogue ([`plan_bf16_gemv`]) and its launch
+//! a plan made once per weight shape and epilogue ([`plan_bf16_gemv`], [`plan_bf16_gemv_with`]) and its launch
 //! ([`bf16_gemv_planned_packed`]). CUDA only; the CPU runs [`bf16_gemv`](crate::gemv::bf16_gemv).
 
 #[cfg(feature = "cuda")]
 use super::cuda_bf16::{bf16_gemv_packed_planned, plan_bf16, Bf16Plan};
 use crate::gemv::checks::check_x;
+use crate::gemv::GemvKnobs;
 use candle_core::{bail, DType, Result, Tensor};
 
 /// A launch of the packed GEMV kernel over a BF16 weight in its natural `[N, K]` layout,
@@ -34,6 +35,17 @@ impl Bf16GemvPlan {
 /// `silu_mul` epilogue; `pdl`: programmatic dependent launch. `None` on the CPU and where
 /// the kernels do not serve the shape (`K` not a multiple of 64, odd `N` with `silu_mul`).
 pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf16GemvPlan>> {
+    plan_bf16_gemv_with(w, silu_mul, &GemvKnobs::with_pdl(pdl))
+}
+
+/// [`plan_bf16_gemv`] with the launch knobs: `pdl`, the kernel image (`Sm80`: the sm_80
+/// code) and the geometry rule (`bw_fitted_rule`); the token tile and split knobs do not
+/// apply (one token tile, the rule's split).
+pub fn plan_bf16_gemv_with(
+    w: &Tensor,
+    silu_mul: bool,
+    knobs: &GemvKnobs,
+) -> Result<Option<Bf16GemvPlan>> {
     let (n, k) = w.dims2()?;
     if w.dtype() != DType::BF16 {
         bail!(
@@ -43,13 +55,15 @@ pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf
     }
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
+        let sm80 = knobs.image == crate::gemv::KernelImage::Sm80;
+        let packed_rule = !knobs.bw_fitted_rule;
         return Ok(
-            plan_bf16(d, n, k, silu_mul, pdl, false, false)?.map(|p| Bf16GemvPlan {
+            plan_bf16(d, n, k, silu_mul, knobs.pdl, sm80, packed_rule)?.map(|p| Bf16GemvPlan {
                 plan: std::sync::Arc::new(p),
             }),
         );
     }
-    let _ = (n, k, silu_mul, pdl);
+    let _ = (n, k, silu_mul, knobs);
     Ok(None)
 }
 

@@ -49,12 +49,15 @@ pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) 
 
 /// Weight bytes in flight per SM that [`bw_geometry`] asks of a BF16-weight GEMV's grid.
 /// By Little's law an SM streams its share of the H200's ~4.2 TB/s (32 GB/s over 132 SMs)
-/// with ~1 µs of DRAM latency from ~32 KB in flight; the sweep (docs/benchmarks.md,
-/// thirty-second session) puts the knee at this value.
+/// with ~1 µs of DRAM latency from ~32 KB in flight. Set so that the rule gives the
+/// harness's best configurations on the 8B q|k|v, o and down (thirty-first session, spacer
+/// protocol, M = 1); not yet checked against the full sweep (`scripts/proto/fit-bw-rule.py`)
+/// nor in the decode step, so the planner uses it only under `GemvKnobs::bw_fitted_rule`.
 pub const BW_INFLIGHT_PER_SM: usize = 40 * 1024;
 
 /// Warp runs (64-wide K steps per warp) from which [`bw_geometry`]'s caller keeps four
-/// steps in flight per warp rather than two.
+/// steps in flight per warp rather than two: the harness's best on 8B down (a 75-step run)
+/// was u4, on q|k|v and o (11–16 steps) u2.
 pub const BW_DEEP_RUN: usize = 48;
 
 /// Warps per CTA and K split of the packed GEMV over BF16 weights (`kernels/gemv_packed.cu`,

@@ -30,7 +30,9 @@ mod layout;
 #[cfg(feature = "cuda")]
 pub(crate) mod norm;
 
-pub use bf16_weight::{bf16_gemv_planned_packed, plan_bf16_gemv, Bf16GemvPlan};
+pub use bf16_weight::{
+    bf16_gemv_planned_packed, plan_bf16_gemv, plan_bf16_gemv_with, Bf16GemvPlan,
+};
 pub use geometry::{
     bw_geometry, depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
     prefetch_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem,
