@@ -14,6 +14,14 @@ for step in "$@"; do
 if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
 case "$step" in
 bwab2)
+    # The candidate table: tables/sm90.json plus the GEMV at nt 1 on 8B q|k|v and down (BF16).
+    [ -s .carry/sm90-bw.json ] || python3 - <<'PY'
+import json
+t = json.load(open("tables/sm90.json"))
+for n, k in ((6144, 4096), (4096, 14336)):
+    t["entries"].append({"n": n, "k": k, "silu_mul": False, "bf16": True, "nts": [1], "margins": [1.0]})
+json.dump(t, open(".carry/sm90-bw.json", "w"), indent=2)
+PY
     AB_ROWS="${AB_ROWS:-8b bf16 b1 ctx512 kvbf16 graph;8b bf16 b8 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows bwab2 decode_bench \
         "decode_bench CFP4_DECODE_BW_FITTED_RULE=1" \
