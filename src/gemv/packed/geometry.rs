@@ -35,16 +35,21 @@ pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) 
             warps = w;
         }
     }
-    let mut split = 1;
-    if warps == 8 && 2 * groups <= sms {
-        for s in [4, 2] {
-            if groups * s <= sms * occ_of(8).max(1) && npairs >= 8 * s {
-                split = s;
-                break;
-            }
-        }
+    (warps, k_split(warps, groups, npairs, sms, occ_of(8)))
+}
+
+/// The K split of both geometry rules: 4 or 2 CTAs per group (partial sums through global
+/// memory) only for a grid of eight-warp CTAs covering at most half the SMs, where the
+/// split grid still fits one wave (`occ8` eight-warp CTAs per SM) and each CTA keeps at
+/// least 8 K steps.
+fn k_split(warps: usize, groups: usize, steps: usize, sms: usize, occ8: usize) -> usize {
+    if warps != 8 || 2 * groups > sms {
+        return 1;
     }
-    (warps, split)
+    [4, 2]
+        .into_iter()
+        .find(|&s| groups * s <= sms * occ8.max(1) && steps >= 8 * s)
+        .unwrap_or(1)
 }
 
 /// Weight bytes in flight per SM that [`bw_geometry`] asks of a BF16-weight GEMV's grid.
@@ -105,16 +110,7 @@ pub fn bw_geometry(
                 .find(|&w| occ_of(w) > 0)
                 .unwrap_or(*PACKED_WARPS.start())
         });
-    let mut split = 1;
-    if warps == 8 && 2 * groups <= sms {
-        for s in [4, 2] {
-            if groups * s <= sms * occ_of(8).max(1) && steps >= 8 * s {
-                split = s;
-                break;
-            }
-        }
-    }
-    (warps, split)
+    (warps, k_split(warps, groups, steps, sms, occ_of(8)))
 }
 
 /// Does a kernel keeping `u` K pairs in flight per warp suit this launch? Only when each
