@@ -5,7 +5,7 @@
 #[cfg(feature = "cuda")]
 use super::cuda_bf16::{bf16_gemv_packed_planned, plan_bf16, Bf16Plan};
 use crate::gemv::checks::check_x;
-use crate::gemv::GemvKnobs;
+use crate::gemv::options::GemvKnobs;
 use candle_core::{bail, DType, Result, Tensor};
 
 /// A launch of the packed GEMV kernel over a BF16 weight in its natural `[N, K]` layout,
@@ -55,7 +55,7 @@ pub fn plan_bf16_gemv_with(
     }
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
-        let sm80 = knobs.image == crate::gemv::KernelImage::Sm80;
+        let sm80 = knobs.image == crate::gemv::options::KernelImage::Sm80;
         let packed_rule = !knobs.bw_fitted_rule;
         return Ok(
             plan_bf16(d, n, k, silu_mul, knobs.pdl, sm80, packed_rule)?.map(|p| Bf16GemvPlan {
