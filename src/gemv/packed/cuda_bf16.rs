@@ -101,19 +101,15 @@ pub(crate) fn plan_bf16(
         let name = pgemv_bw_kernel_name(kind, u);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
-        let last = i + 1 == us.len();
-        let (warps, split) = if packed_rule {
-            packed_geometry(groups, steps, fa.sms, &occ)
+        // The geometry and the warp run a depth of `u` needs, by the rule asked for.
+        let ((warps, split), run) = if packed_rule {
+            (packed_geometry(groups, steps, fa.sms, &occ), u)
         } else {
             let step_bytes = tiles_per_group * 16 * BW_STEP * 2;
-            bw_geometry(groups, steps, step_bytes, u, fa.sms, &occ)
+            let g = bw_geometry(groups, steps, step_bytes, u, fa.sms, &occ);
+            (g, BW_DEEP_RUN.max(u))
         };
-        let suits = if packed_rule {
-            depth_suits(steps, warps, split, u)
-        } else {
-            depth_suits(steps, warps, split, BW_DEEP_RUN.max(u))
-        };
-        if last || suits {
+        if i + 1 == us.len() || depth_suits(steps, warps, split, run) {
             chosen = Some((f, name, u, warps, split));
             break;
         }
