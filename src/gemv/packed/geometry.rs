@@ -19,7 +19,7 @@ pub use crate::variants::PGEMV_WARPS as PACKED_WARPS;
 pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) -> (usize, usize) {
     let occ_of = |w: usize| occ.get(w).copied().unwrap_or(0);
     let cost = |w: usize| -> f64 {
-        let slots = (sms * occ_of(w)).max(1);
+        let slots = sms.saturating_mul(occ_of(w)).max(1);
         let waves = groups.div_ceil(slots);
         (waves * (npairs.div_ceil(w) + 2)) as f64 * (1.0 + w as f64 / 80.0)
     };
@@ -43,12 +43,15 @@ pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) 
 /// split grid still fits one wave (`occ8` eight-warp CTAs per SM) and each CTA keeps at
 /// least 8 K steps.
 fn k_split(warps: usize, groups: usize, steps: usize, sms: usize, occ8: usize) -> usize {
-    if warps != 8 || 2 * groups > sms {
+    if warps != 8 || groups.saturating_mul(2) > sms {
         return 1;
     }
     [4, 2]
         .into_iter()
-        .find(|&s| groups * s <= sms * occ8.max(1) && steps >= 8 * s)
+        .find(|&s| {
+            groups.saturating_mul(s) <= sms.saturating_mul(occ8.max(1))
+                && steps >= s.saturating_mul(8)
+        })
         .unwrap_or(1)
 }
 
@@ -97,7 +100,7 @@ pub fn bw_geometry(
             / sms
     };
     let one_wave: Vec<usize> = PACKED_WARPS
-        .filter(|&w| occ_of(w) > 0 && groups <= sms * occ_of(w))
+        .filter(|&w| occ_of(w) > 0 && groups <= sms.saturating_mul(occ_of(w)))
         .collect();
     let warps = one_wave
         .iter()
@@ -435,6 +438,16 @@ mod tests {
         assert_eq!(
             bw_geometry(usize::MAX, usize::MAX, usize::MAX, 4, 132, &H200_BW),
             (2, 1)
+        );
+        // SM and occupancy counts that overflow a product: saturated, no panic.
+        let huge = [usize::MAX; 9];
+        // (With that many SMs every count fits one wave and none reaches the in-flight
+        // target: eight warps, split 4, as for any grid covering under half the SMs.)
+        assert_eq!(bw_geometry(64, 1 << 20, 2048, 2, usize::MAX, &huge), (8, 4));
+        assert_eq!(packed_geometry(64, 1 << 20, usize::MAX, &huge), (8, 4));
+        assert_eq!(
+            packed_geometry(usize::MAX, usize::MAX, usize::MAX, &huge),
+            (8, 4)
         );
     }
 
