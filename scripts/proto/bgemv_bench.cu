@@ -27,6 +27,9 @@
 #include "gemv_packed.cuh"
 
 #include "proto_cuda.cuh"
+#ifdef CFP4_PGEMV_TIMELINE
+#include "timeline.cuh"
+#endif
 
 #define BW(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
 BW(bw_plain_u2) BW(bw_plain_u3) BW(bw_plain_u4) BW(bw_plain_u6) BW(bw_pair_u2) BW(bw_pair_u3) BW(bw_staged_u4) BW(bw_silu_u2)
@@ -298,6 +301,20 @@ int main() {
                             printf("  mismatch %s m=%d tok %d row %d: got %g\n", s.name, m, t, r, got);
                     }
             }
+#ifdef CFP4_PGEMV_TIMELINE
+            if (bv && m == 1) {  // the best configuration's stamps (last call of the last replay)
+                const int groups = bv->silu ? (s.n / 2 + 15) / 16 : bv->pair ? (tiles + 1) / 2 : tiles;
+                const int per_slice = (s.k / 64 + bs_ - 1) / bs_;
+                const size_t smem = bv->staged ? size_t(m) * (std::min(64 * per_slice, s.k) + 8) * 2 : 0;
+                Timeline tl;
+                tl.arm(size_t(groups) * bs_, 8);
+                time_graph([&](cudaStream_t st, int i) {
+                    const PackedGemvParams p = params(ws[size_t(i) % ws.size()], m, groups, bs_);
+                    launch_pdl(bv->fn, unsigned(groups * bs_), unsigned(32 * bw_), smem, st, p);
+                });
+                tl.report(s.name, double(s.n) * s.k * 2);
+            }
+#endif
             // cuBLAS: y^T [N, M] = W [N, K] . x^T (column-major view: W^T is K x N).
             const float one = 1.f, zero = 0.f;
             auto cub = [&](cudaStream_t st, int i) {

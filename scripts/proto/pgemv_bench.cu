@@ -20,6 +20,9 @@
 #include "l2_prefetch.cuh"
 
 #include "proto_cuda.cuh"
+#ifdef CFP4_PGEMV_TIMELINE
+#include "timeline.cuh"
+#endif
 
 #define PG(NAME) extern "C" __global__ void NAME(const __grid_constant__ PackedGemvParams p);
 PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4pair_nt1_u3) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
@@ -522,6 +525,14 @@ int main(int argc, char** argv) {
                 ++bad;
             }
             const double tp = time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, split, warps); });
+#ifdef CFP4_PGEMV_TIMELINE
+            if (m == 1) {  // the stamps of the last call of the last replay
+                Timeline tl;
+                tl.arm(size_t(groups) * split, 8);
+                time_graph([&](cudaStream_t st, int i) { pg_launch(st, i, split, warps); });
+                tl.report(s.name, wbytes);
+            }
+#endif
             int occ_o = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_o, (const void*)og_fn(nt, s.silu), 128, 0));
             const int otiles = s.silu ? (s.n / 2 + 7) / 8 : (s.n + 15) / 16;
