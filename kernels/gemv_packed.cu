@@ -380,13 +380,14 @@ __device__ unsigned long long* cfp4_pgemv_timeline;
 __device__ __forceinline__ void tl_stamp(int slot) {
     unsigned long long* b = cfp4_pgemv_timeline;
     if (b == nullptr || (threadIdx.x & 31) != 0) return;
+    unsigned long long* rec = b + (size_t(blockIdx.x) * MAX_WARPS + threadIdx.x / 32) * 6;
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    b[(size_t(blockIdx.x) * MAX_WARPS + threadIdx.x / 32) * 6 + slot] = t;
+    rec[slot] = t;
     if (slot == 0) {
         unsigned int sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        b[(size_t(blockIdx.x) * MAX_WARPS + threadIdx.x / 32) * 6 + 5] = sm;
+        rec[5] = sm;
     }
 }
 #else

@@ -214,7 +214,7 @@ fn make_choice(
                 silu,
                 opts.pdl,
                 sm80,
-                !opts.bw_fitted_rule,
+                opts.bw_fitted_rule,
             )? {
                 Some(p) => Ok(Choice::PackedBf16(Arc::new(p))),
                 None => legacy_choice(d, fp4, n, k, 1, silu, opts),

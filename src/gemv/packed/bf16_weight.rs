@@ -56,9 +56,9 @@ pub fn plan_bf16_gemv_with(
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
         let sm80 = knobs.image == crate::gemv::options::KernelImage::Sm80;
-        let packed_rule = !knobs.bw_fitted_rule;
+        let fitted = knobs.bw_fitted_rule;
         return Ok(
-            plan_bf16(d, n, k, silu_mul, knobs.pdl, sm80, packed_rule)?.map(|p| Bf16GemvPlan {
+            plan_bf16(d, n, k, silu_mul, knobs.pdl, sm80, fitted)?.map(|p| Bf16GemvPlan {
                 plan: std::sync::Arc::new(p),
             }),
         );

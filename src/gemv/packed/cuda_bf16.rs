@@ -60,9 +60,9 @@ fn depths(kind: BwKind) -> Vec<usize> {
 
 /// Plans the GEMV of a BF16 `[n, k]` weight on `dev` (a lock and occupancy queries: call it
 /// at load); `sm80`: the sm_80 code (JIT from PTX) instead of the device's image;
-/// `packed_rule`: the NVFP4 kernel's geometry rule instead of the BF16 one (an A/B). `None`
-/// when the kernels cannot serve the shape (`k` not a multiple of 64, an odd `n` with
-/// `silu_mul`).
+/// `fitted_rule`: the BF16 kernel's own geometry rule (`bw_geometry`) instead of the NVFP4
+/// kernel's (`GemvKnobs::bw_fitted_rule`). `None` when the kernels cannot serve the shape
+/// (`k` not a multiple of 64, an odd `n` with `silu_mul`).
 pub(crate) fn plan_bf16(
     dev: &CudaDevice,
     n: usize,
@@ -70,7 +70,7 @@ pub(crate) fn plan_bf16(
     silu_mul: bool,
     pdl: bool,
     sm80: bool,
-    packed_rule: bool,
+    fitted_rule: bool,
 ) -> Result<Option<Bf16Plan>> {
     if n == 0 || k == 0 || !k.is_multiple_of(BW_STEP) || (silu_mul && !n.is_multiple_of(2)) {
         return Ok(None);
@@ -102,12 +102,12 @@ pub(crate) fn plan_bf16(
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
         // The geometry and the warp run a depth of `u` needs, by the rule asked for.
-        let ((warps, split), run) = if packed_rule {
-            (packed_geometry(groups, steps, fa.sms, &occ), u)
-        } else {
+        let ((warps, split), run) = if fitted_rule {
             let step_bytes = tiles_per_group * 16 * BW_STEP * 2;
             let g = bw_geometry(groups, steps, step_bytes, u, fa.sms, &occ);
             (g, BW_DEEP_RUN.max(u))
+        } else {
+            (packed_geometry(groups, steps, fa.sms, &occ), u)
         };
         if i + 1 == us.len() || depth_suits(steps, warps, split, run) {
             chosen = Some((f, name, u, warps, split));
