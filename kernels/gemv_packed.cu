@@ -373,14 +373,24 @@ __device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16
 // CFP4_PGEMV_TIMELINE (the proto harnesses' diagnostic builds only; never the library's):
 // lane 0 of each warp writes %globaltimer at entry (slot 0), after griddepcontrol.wait (1),
 // after its first chunk's MMAs (2), after its main loop (3) and at the end of the finish
-// (4), and its SM id (5), to cfp4_pgemv_timeline[(blockIdx.x * MAX_WARPS + warp) * 6 + slot]
-// when the harness has set that pointer (cfp4_pgemv_set_timeline).
+// (4), and its SM id (5), to cfp4_pgemv_timeline[((launch * stride) + blockIdx.x *
+// MAX_WARPS + warp) * 6 + slot] when the harness has set that pointer
+// (cfp4_pgemv_set_timeline). launch: the index of the launch's output pointer among the
+// harness's keys (cfp4_pgemv_set_timeline_keys: a chain of layers, one key each), 0 when
+// it set none; stride: records per key.
 #ifdef CFP4_PGEMV_TIMELINE
 __device__ unsigned long long* cfp4_pgemv_timeline;
-__device__ __forceinline__ void tl_stamp(int slot) {
+__device__ const void* cfp4_pgemv_tl_keys[8];
+__device__ int cfp4_pgemv_tl_nkeys;
+__device__ unsigned long long cfp4_pgemv_tl_stride;
+__device__ __forceinline__ void tl_stamp(const PackedGemvParams& p, int slot) {
     unsigned long long* b = cfp4_pgemv_timeline;
     if (b == nullptr || (threadIdx.x & 31) != 0) return;
-    unsigned long long* rec = b + (size_t(blockIdx.x) * MAX_WARPS + threadIdx.x / 32) * 6;
+    int key = 0;
+    for (int i = 0; i < cfp4_pgemv_tl_nkeys; ++i)
+        if (cfp4_pgemv_tl_keys[i] == p.out) key = i;
+    unsigned long long* rec =
+        b + (key * cfp4_pgemv_tl_stride + size_t(blockIdx.x) * MAX_WARPS + threadIdx.x / 32) * 6;
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     rec[slot] = t;
@@ -391,7 +401,7 @@ __device__ __forceinline__ void tl_stamp(int slot) {
     }
 }
 #else
-__device__ __forceinline__ void tl_stamp(int) {}
+__device__ __forceinline__ void tl_stamp(const PackedGemvParams&, int) {}
 #endif
 
 // U: K steps in flight per warp in registers (a variant parameter, src/variants.rs): NVFP4
@@ -415,7 +425,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     const int w0 = min(s0 + warp * per_warp, s1), w1 = min(w0 + per_warp, s1);
     const int np = w1 - w0;
     const int nchunks = p.k / 64;
-    tl_stamp(0);
+    tl_stamp(p, 0);
 
     // Cursors at this warp's first step; the loop advances them by U steps.
     const uint8_t* wp[TILES];  // NVFP4: the codes; BW: row g
@@ -467,7 +477,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
     }
     griddep_wait();  // x is written by the previous kernel
-    tl_stamp(1);
+    tl_stamp(p, 1);
     // The trigger after the wait, not at the start: measured on the H100 (twenty-fifth
     // session, docs/logs/s25/), 5 to 13 µs less per decode step on every row.
     griddep_launch_dependents();
@@ -512,7 +522,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         if (first_chunk) {
             // The stamp waits for the chunk's MMAs (they read the loaded stage).
             asm volatile("" ::: "memory");
-            if (acc[0][0][0][0] != 12345.f) tl_stamp(2);
+            if (acc[0][0][0][0] != 12345.f) tl_stamp(p, 2);
             first_chunk = false;
         }
 #endif
@@ -554,10 +564,10 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     }
 
 #ifdef CFP4_PGEMV_TIMELINE
-    if (acc[0][0][0][0] != 12345.f) tl_stamp(3);  // after the last MMAs
+    if (acc[0][0][0][0] != 12345.f) tl_stamp(p, 3);  // after the last MMAs
 #endif
     pgemv_finish<NT, SILU, PAIR>(p, acc, &red[0][0][0][0], group, slice);
-    tl_stamp(4);
+    tl_stamp(p, 4);
 }
 
 }  // namespace
@@ -587,4 +597,11 @@ constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >
 #ifdef CFP4_PGEMV_TIMELINE
 // Host side of the diagnostic (harness builds only): where the stamps go (null: off).
 void cfp4_pgemv_set_timeline(unsigned long long* p) { cudaMemcpyToSymbol(cfp4_pgemv_timeline, &p, sizeof p); }
+// The chain's keys (output pointers, at most 8; n = 0: none) and the records per key.
+void cfp4_pgemv_set_timeline_keys(const void* const* keys, int n, unsigned long long stride) {
+    cudaMemcpyToSymbol(cfp4_pgemv_tl_keys, keys, sizeof(void*) * size_t(n < 8 ? n : 8));
+    const int nk = n < 8 ? n : 8;
+    cudaMemcpyToSymbol(cfp4_pgemv_tl_nkeys, &nk, sizeof nk);
+    cudaMemcpyToSymbol(cfp4_pgemv_tl_stride, &stride, sizeof stride);
+}
 #endif

@@ -4,7 +4,9 @@
 // on the device: ./pgemv_bench [--sweep]. Checks every packed result against an FP64
 // reference of the exact dequantized weight; times CUDA-graph replays of 32 calls rotating
 // among weight copies totalling >= 256 MiB (median of 15), like benches/gemv_cuda.rs;
-// CFP4_PGEMV_SPACER=1 puts a one-CTA kernel between the calls, as in the decode step.
+// CFP4_PGEMV_SPACER=1 puts a one-CTA kernel between the calls, as in the decode step;
+// CFP4_PGEMV_RESERVE=<w> plans one-wave grids leaving w warps per SM free (reserve_geometry);
+// CFP4_PGEMV_CHAIN=8B|70B times a layer's four GEMVs in the step's order (pgemv_chain.cuh).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <algorithm>
@@ -256,6 +258,73 @@ static std::pair<int, int> geometry(int groups, int npairs, const int* occ) {
     return {warps, split};
 }
 
+// The library's plan of one layer for M tokens (src/gemv/packed/cuda.rs), restated for the
+// harness: kernel, groups, geometry and the staged x's shared memory. reserve: warps per SM
+// a one-wave grid leaves free (geometry.rs reserve_geometry; 0: the measured rule).
+struct Plan {
+    PgFn kfn;
+    int nt, groups, warps, split;
+    bool pair, deep;
+    size_t xs_smem;
+};
+static int g_reserve = 0;  // CFP4_PGEMV_RESERVE
+static std::pair<int, int> reserve_geometry(int groups, int npairs, const int* occ, int reserve) {
+    if (reserve > 0) {
+        int cut[9] = {0};
+        for (int w = 1; w <= 8; ++w) cut[w] = std::max(0, occ[w] * w - reserve) / w;
+        const auto g = geometry(groups, npairs, cut);
+        if (cut[g.first] > 0 && groups * g.second <= sms * cut[g.first]) return g;
+    }
+    return geometry(groups, npairs, occ);
+}
+static Plan plan_shape(const Shape& s, const Layer& L, int m, int reserve, bool nopair, bool nostage, int smem_optin) {
+    const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
+    // The deep kernel where it exists and each warp's run is at least its 5 pairs, else
+    // the shallow one.
+    int occ[9] = {0}, occd[9] = {0};
+    for (int w = 2; w <= 8; ++w) occ[w] = occ_pg(nt, s.silu, w);
+    for (int w = 2; w <= 8; ++w) occd[w] = occ_pg(nt, s.silu, w, true);
+    // The pair kernel where the library's rule takes it (pair_suits: >= 3.5 row tiles
+    // per SM); CFP4_PGEMV_NOPAIR=1: the one-tile kernels everywhere.
+    const bool pair = !nopair && nt == 1 && !s.silu && 2 * L.tiles >= 7 * sms;
+    const int groups = pair ? (L.tiles + 1) / 2 : L.groups;
+    int occp[9] = {0};
+    for (int w = 2; w <= 8; ++w) {
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occp[w], (const void*)cfp4_pgemv_fp4pair_nt1_u3, 32 * w, 0));
+        occp[w] = std::max(occp[w], 1);
+    }
+    auto [warps, split] = reserve_geometry(groups, L.npairs, pair ? occp : occ, reserve);
+    bool deep = false;
+    if (nt == 1 && !s.silu && !pair) {
+        const auto [wd, sd] = reserve_geometry(groups, L.npairs, occd, reserve);
+        if ((L.npairs + wd * sd - 1) / (wd * sd) >= 5) {
+            deep = true;
+            warps = wd;
+            split = sd;
+        }
+    }
+    PgFn kfn = pair ? cfp4_pgemv_fp4pair_nt1_u3 : pg_fn(nt, s.silu, deep);
+    // The library's staged rule (geometry.rs stage_suits, cuda.rs plan_staged): plain
+    // one-tile grids of at most 2 CTAs per SM, up to the tokens whose x rows over the
+    // longest K slice fit what a CTA may have at that occupancy.
+    size_t xs_smem = 0;
+    if (!nostage && m == 1 && !s.silu && !pair && groups * split <= 2 * sms) {  // STAGED_MAX_M = 1
+        const PgFn xf = deep ? cfp4_pgemv_fp4xs_nt1_deep : cfp4_pgemv_fp4xs_nt1_u3;
+        cudaFuncAttributes fa{};
+        CK(cudaFuncGetAttributes(&fa, (const void*)xf));
+        size_t avail = 0;
+        CK(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, (const void*)xf, (groups * split + sms - 1) / sms, 32 * warps));
+        const size_t cap = std::min(avail, size_t(smem_optin) - fa.sharedSizeBytes);
+        const int slice_k = std::min(128 * ((L.npairs + split - 1) / split), s.k);
+        const size_t need = size_t(m) * (slice_k + 8) * 2;
+        if (need <= cap) {
+            kfn = xf;
+            xs_smem = need;
+        }
+    }
+    return Plan{kfn, nt, groups, warps, split, pair, deep, xs_smem};
+}
+
 // CFP4_PGEMV_SPACER=1: each timed call is followed by a one-CTA kernel that waits for it
 // (griddepcontrol.wait, then launch_dependents) and rewrites the first row of x in place
 // (same values), as the decode step's add + RMSNorm does between two GEMVs. Back-to-back
@@ -351,6 +420,8 @@ static double copy_bw() {
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
+#include "pgemv_chain.cuh"
+
 int main(int argc, char** argv) {
     const bool sweep = argc > 1 && !strcmp(argv[1], "--sweep");
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -404,6 +475,12 @@ int main(int argc, char** argv) {
         CK(cudaFuncGetAttributes(&fa, (const void*)f));
         CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));
     }
+    // CFP4_PGEMV_CHAIN=8B|70B: a layer's four GEMVs in the step's order (pgemv_chain.cuh), only.
+    if (const char* c = getenv("CFP4_PGEMV_CHAIN")) {
+        run_chain(c, copy, x, partial, counters, rng, smem_optin);
+        return 0;
+    }
+    if (const char* r = getenv("CFP4_PGEMV_RESERVE")) g_reserve = atoi(r);
     const bool spacers = getenv("CFP4_PGEMV_SPACER") != nullptr;
     if (spacers) {
         if (const char* e = getenv("CFP4_PGEMV_SPACER_NS")) g_spacer_ns = atol(e);
@@ -440,50 +517,11 @@ int main(int argc, char** argv) {
         // CFP4_PGEMV_M1=1: M = 1 only.
         const std::vector<int> ms = getenv("CFP4_PGEMV_M1") ? std::vector<int>{1} : std::vector<int>{1, 4, 8, 16, 32};
         for (int m : ms) {
-            const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
-            // The library's plan (src/gemv/packed/cuda.rs): the deep kernel where it exists
-            // and each warp's run is at least its 5 pairs, else the shallow one.
-            int occ[9] = {0}, occd[9] = {0};
-            for (int w = 2; w <= 8; ++w) occ[w] = occ_pg(nt, s.silu, w);
-            for (int w = 2; w <= 8; ++w) occd[w] = occ_pg(nt, s.silu, w, true);
-            // The pair kernel where the library's rule takes it (pair_suits: >= 3.5 row tiles
-            // per SM); CFP4_PGEMV_NOPAIR=1: the one-tile kernels everywhere.
-            const bool pair = !nopair && nt == 1 && !s.silu && 2 * L.tiles >= 7 * sms;
-            const int groups = pair ? (L.tiles + 1) / 2 : L.groups;
-            int occp[9] = {0};
-            for (int w = 2; w <= 8; ++w) {
-                CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occp[w], (const void*)cfp4_pgemv_fp4pair_nt1_u3, 32 * w, 0));
-                occp[w] = std::max(occp[w], 1);
-            }
-            auto [warps, split] = geometry(groups, L.npairs, pair ? occp : occ);
-            bool deep = false;
-            if (nt == 1 && !s.silu && !pair) {
-                const auto [wd, sd] = geometry(groups, L.npairs, occd);
-                if ((L.npairs + wd * sd - 1) / (wd * sd) >= 5) {
-                    deep = true;
-                    warps = wd;
-                    split = sd;
-                }
-            }
-            PgFn kfn = pair ? cfp4_pgemv_fp4pair_nt1_u3 : pg_fn(nt, s.silu, deep);
-            // The library's staged rule (geometry.rs stage_suits, cuda.rs plan_staged): plain
-            // one-tile grids of at most 2 CTAs per SM, up to the tokens whose x rows over the
-            // longest K slice fit what a CTA may have at that occupancy.
-            size_t xs_smem = 0;
-            if (!nostage && m == 1 && !s.silu && !pair && groups * split <= 2 * sms) {  // STAGED_MAX_M = 1
-                const PgFn xf = deep ? cfp4_pgemv_fp4xs_nt1_deep : cfp4_pgemv_fp4xs_nt1_u3;
-                cudaFuncAttributes fa{};
-                CK(cudaFuncGetAttributes(&fa, (const void*)xf));
-                size_t avail = 0;
-                CK(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, (const void*)xf, (groups * split + sms - 1) / sms, 32 * warps));
-                const size_t cap = std::min(avail, size_t(smem_optin) - fa.sharedSizeBytes);
-                const int slice_k = std::min(128 * ((L.npairs + split - 1) / split), s.k);
-                const size_t need = size_t(m) * (slice_k + 8) * 2;
-                if (need <= cap) {
-                    kfn = xf;
-                    xs_smem = need;
-                }
-            }
+            const Plan pl = plan_shape(s, L, m, g_reserve, nopair, nostage, smem_optin);
+            const int nt = pl.nt, groups = pl.groups, warps = pl.warps, split = pl.split;
+            const bool pair = pl.pair, deep = pl.deep;
+            const PgFn kfn = pl.kfn;
+            const size_t xs_smem = pl.xs_smem;
             const int nout = s.silu ? s.n / 2 : s.n;
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());

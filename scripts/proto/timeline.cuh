@@ -10,6 +10,7 @@
 #include <vector>
 
 void cfp4_pgemv_set_timeline(unsigned long long* p);
+void cfp4_pgemv_set_timeline_keys(const void* const* keys, int n, unsigned long long stride);
 
 struct Timeline {
     unsigned long long* dev = nullptr;

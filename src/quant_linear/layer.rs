@@ -2,6 +2,7 @@
 
 use super::plan::Plans;
 use super::weight::{nvfp4_weight, Weight};
+use crate::gemv::GemvKnobs;
 use crate::nvfp4::{
     swizzle_blockscale_bytes, swizzled_shape, unswizzle_blockscale_bytes, Nvfp4Quantized,
     BLOCK_SIZE,
@@ -167,8 +168,16 @@ impl QuantLinear {
     /// and wait for its output on the device (sm_90 and newer; a no-op elsewhere). A tuning
     /// knob of the decode step, applied at load; the result is unchanged.
     pub fn set_pdl(&mut self, pdl: bool) -> Result<()> {
+        self.set_gemv_knobs(&GemvKnobs::with_pdl(pdl))
+    }
+
+    /// Re-plans the GEMV launches with the launch knobs `knobs` (PDL, kernel image, the
+    /// benchmarks' kernel and geometry A/B switches); the token tile and split stay the
+    /// device table's. Applied at load; the result is unchanged.
+    #[doc(hidden)]
+    pub fn set_gemv_knobs(&mut self, knobs: &GemvKnobs) -> Result<()> {
         let device = self.device().clone();
-        self.plans = Plans::with_pdl(&device, self.n, self.k, &self.weight, pdl)?;
+        self.plans = Plans::with_knobs(&device, self.n, self.k, &self.weight, knobs)?;
         Ok(())
     }
 

@@ -55,19 +55,23 @@ pub(crate) struct Plans {
 impl Plans {
     /// The plans of an `[n, k]` layer with `weight` on `device`, without PDL.
     pub(crate) fn new(device: &Device, n: usize, k: usize, weight: &Weight) -> Result<Self> {
-        Self::with_pdl(device, n, k, weight, false)
+        Self::with_knobs(device, n, k, weight, &GemvKnobs::default())
     }
 
-    /// [`new`](Self::new), the GEMV launches with programmatic dependent launch when `pdl`.
-    pub(crate) fn with_pdl(
+    /// [`new`](Self::new) with the launch knobs `knobs`: PDL, the kernel image and the
+    /// kernel and geometry A/B switches (`bf16_legacy`, `bw_fitted_rule`,
+    /// `reserve_warps`). The token tile and the split come from the device's table, not
+    /// from `knobs`.
+    pub(crate) fn with_knobs(
         device: &Device,
         n: usize,
         k: usize,
         weight: &Weight,
-        pdl: bool,
+        knobs: &GemvKnobs,
     ) -> Result<Self> {
         // PDL exists from sm_90 on (the sm_80 image's griddepcontrol is a no-op, but the
         // launch attribute is not accepted there).
+        let pdl = knobs.pdl;
         #[cfg(feature = "cuda")]
         let pdl = pdl
             && match device {
@@ -95,7 +99,9 @@ impl Plans {
                 // The tile the table measured as faster (it may skip a smaller one).
                 let knobs = GemvKnobs {
                     nt,
-                    ..GemvKnobs::with_pdl(pdl)
+                    split: None,
+                    pdl,
+                    ..*knobs
                 };
                 *slot = match made.iter().find(|(t, s, _)| Some(*t) == nt && *s == silu) {
                     Some((_, _, c)) => c.clone(),
@@ -202,7 +208,15 @@ fn make_choice(
         (Device::Cuda(d), Some(nt), Weight::Packed(p)) => {
             // The packed kernel's tiles are the same list's first entries (1, 2, 4).
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
-            let plan = crate::gemv::packed::cuda::plan(d, p.layout(), silu, nt, opts.pdl, sm80)?;
+            let plan = crate::gemv::packed::cuda::plan(
+                d,
+                p.layout(),
+                silu,
+                nt,
+                opts.pdl,
+                sm80,
+                opts.reserve_warps,
+            )?;
             Ok(Choice::Packed(Arc::new(plan)))
         }
         (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {

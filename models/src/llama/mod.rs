@@ -44,6 +44,7 @@ use crate::config::LlamaConfig;
 use crate::kv_cache::LayerCache;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Module, Tensor};
+use candle_fp4::knobs::GemvKnobs;
 use candle_fp4::kv_cache::KvCacheKind;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
@@ -118,11 +119,11 @@ impl Llama {
         } = parts;
         let norm = RmsNorm::new(norm, cfg.rms_norm_eps as f32)?;
         let (mut blocks, mut lm_head) = (blocks, lm_head);
-        if opts.knobs.gemv.pdl && device.is_cuda() {
+        if opts.knobs.gemv != GemvKnobs::default() && device.is_cuda() {
             for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
-                l.set_pdl(true)?;
+                l.set_gemv_knobs(&opts.knobs.gemv)?;
             }
-            lm_head.set_pdl(true)?;
+            lm_head.set_gemv_knobs(&opts.knobs.gemv)?;
         }
         for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
             l.set_l2_prefetch(opts.knobs.l2_prefetch);

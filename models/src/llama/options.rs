@@ -38,11 +38,10 @@ pub struct LoadOptions {
     /// runs the same step eagerly, kernel by kernel.
     pub cuda_graph: bool,
     /// The launch knobs of the benchmarks (hidden; the default is the measured choice): the
-    /// GEMVs' PDL (`knobs.gemv.pdl`, on by default: [`QuantLinear::set_pdl`]; a model's
-    /// layers take their tiles and splits from the device's table, not from `knobs.gemv`)
-    /// and the decode attention's launch knobs (`knobs.attention`).
-    ///
-    /// [`QuantLinear::set_pdl`]: candle_fp4::quant_linear::QuantLinear::set_pdl
+    /// GEMVs' (`knobs.gemv`: PDL, on by default, and the kernel and geometry A/B switches,
+    /// applied to every layer by `QuantLinear::set_gemv_knobs`; a model's layers take their
+    /// tiles and splits from the device's table, not from `knobs.gemv`) and the decode
+    /// attention's launch knobs (`knobs.attention`).
     #[doc(hidden)]
     pub knobs: Knobs,
 }
