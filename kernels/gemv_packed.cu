@@ -42,10 +42,13 @@
 // accumulation, one rounding to bf16.
 //
 // Staged variants (plain, one token tile, one row tile per group): right after
-// griddepcontrol.wait each CTA copies the M rows of x over its own K slice
-// [128 s0, 128 s0 + len) into dynamic shared memory ([M][len + 8] bf16, len a multiple of
-// 64) with cp.async, and the main loop reads x there with ld.shared instead of from L2.
-// The launch gives M * (len + 8) * 2 bytes (the planner's `staged_smem`).
+// griddepcontrol.wait each warp copies the M rows of x over its own K run into the CTA's
+// dynamic shared memory ([M][len + 8] bf16 over the CTA's K slice [128 s0, 128 s0 + len),
+// len a multiple of 64) with cp.async, in two groups: the columns of its first U steps, then
+// the rest. It waits for the first group only (and its warp, no CTA barrier: no warp reads
+// another's columns) before its first MMAs, for the rest after its first U steps; the main
+// loop reads x there with ld.shared instead of from L2. The launch gives M * (len + 8) * 2
+// bytes (the planner's `staged_smem`).
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "gemv_packed.cuh"
@@ -356,18 +359,19 @@ __device__ __forceinline__ void norm_prologue(const PackedGemvParams& p, __nv_bf
     __syncthreads();
 }
 
-// Staged variants: the m token rows of x over K [k0, k0 + len) into xs ([m][len + 8]
-// bf16), 16 bytes per cp.async; ends with a barrier. Called after griddep_wait by every
-// thread (x is written by the previous kernel).
-__device__ __forceinline__ void stage_x(const PackedGemvParams& p, __nv_bfloat16* __restrict__ xs, int k0, int len) {
-    const int pieces = len / 8, ld = len + 8;
+// Staged variants: one warp's part of the m token rows of x, columns [c0, c1) of the CTA's
+// slice starting at K k0, into xs ([m][ld] bf16), 16 bytes per cp.async by the warp's lanes,
+// as one committed cp.async group. Called after griddep_wait (x is written by the previous
+// kernel); the caller waits for the group (cp_async_wait_group) and the warp (__syncwarp).
+__device__ __forceinline__ void stage_x_cols(const PackedGemvParams& p, __nv_bfloat16* __restrict__ xs, int ld,
+                                             int k0, int c0, int c1) {
+    const int pieces = max(0, c1 - c0) / 8, lane = threadIdx.x & 31;
     const __nv_bfloat16* __restrict__ x = static_cast<const __nv_bfloat16*>(p.x);
-    for (int i = threadIdx.x; i < p.m * pieces; i += blockDim.x) {
-        const int r = i / pieces, c = i - r * pieces;
-        cfp4::cp_async_16(xs + r * ld + 8 * c, x + size_t(r) * p.x_stride + k0 + 8 * c);
+    for (int i = lane; i < p.m * pieces; i += 32) {
+        const int r = i / pieces, c = c0 + 8 * (i - r * pieces);
+        cfp4::cp_async_16(xs + r * ld + c, x + size_t(r) * p.x_stride + k0 + c);
     }
-    cfp4::cp_async_wait_all();
-    __syncthreads();
+    cfp4::cp_async_commit();
 }
 
 // CFP4_PGEMV_TIMELINE (the proto harnesses' diagnostic builds only; never the library's):
@@ -493,13 +497,19 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     }
     int xcol = STEP * w0;  // this warp's first x column in xb
     if constexpr (XS == XSrc::Staged) {
+        // This warp's columns of the CTA's slice: its first U steps' first, then the rest
+        // (waited for after the first U steps, below); only the first group before its MMAs.
         extern __shared__ __align__(16) unsigned char pgemv_dyn[];
         __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
         const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
-        stage_x(p, xs, k0, len);
+        const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * U, c1);
+        stage_x_cols(p, xs, len + 8, k0, c0, cu);
+        stage_x_cols(p, xs, len + 8, k0, cu, c1);
+        cfp4::cp_async_wait_group<1>();
+        __syncwarp();
         xb = xs;
         xstride = size_t(len + 8);
-        xcol = STEP * (w0 - s0);
+        xcol = c0;
     }
     const __nv_bfloat16* xr[NT];
 #pragma unroll
@@ -546,7 +556,15 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // per step.
     const int full = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
     int i0 = 0;
+    // Staged: x past the first U steps (the second cp.async group) before they are read.
+    auto staged_rest = [&]() {
+        if constexpr (XS == XSrc::Staged) {
+            cfp4::cp_async_wait_all();
+            __syncwarp();
+        }
+    };
     for (; i0 + U <= np; i0 += U) {
+        if (i0 == U) staged_rest();
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             compute(st[u], 0, STEP * u);
@@ -555,6 +573,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
         advance();
     }
+    staged_rest();
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
         if (i0 + u < np) {

@@ -1,33 +1,51 @@
 #!/usr/bin/env bash
 # Thirty-fourth session's device runs: $@ = steps; run through scripts/s34-call.sh (STEPS=...).
 # chain: pgemv_bench-tl's chain mode (scripts/proto/pgemv_chain.cuh): the 8B and 70B
-#   layers' four NVFP4 GEMVs in the step's order with spacers, at reserves 0, 4 and 8 warps
-#   per SM, the chain's time and each kernel's timeline against the GEMV before it.
-# resab: decode_bench's 8B NVFP4 b1 row, alternating: the planned geometry and the packed
-#   GEMVs' one-wave grids leaving 4 and 8 warps per SM to the next kernel
-#   (CFP4_DECODE_RESERVE_WARPS, reserve_geometry). AB_ROWS / AB_ROUNDS override.
+#   layers' four NVFP4 GEMVs in the step's order with spacers, the chain's time and each
+#   kernel's timeline against the GEMV before it; .carry/pgemv_bench-tl-old (the staged
+#   kernels' CTA-wide x copy) beside .carry/pgemv_bench-tl (per-warp copy in two groups).
+# stagedab: decode_bench_old (CTA-wide staged copy) against decode_bench_new (per-warp, two
+#   cp.async groups), alternating rows ($AB_ROWS, $AB_ROUNDS).
+# tlm1: the single-GEMV timelines (M = 1, spacers) of both harness builds.
+# pcheck: tests/gpu_gemv_packed.rs; bcheck: tests/gpu_gemv_bf16.rs (with the knob test).
 # Any other step is scripts/s33-device.sh's (tunefull, benchfit, tl; through it s32's bwab2,
 # tunefit and s31's bwcheck, bw2, ...). DEADLINE_S: steps that would start later are
 # skipped. decode_bench now applies its GEMV knobs (CFP4_DECODE_BF16_LEGACY,
-# CFP4_DECODE_BW_FITTED_RULE, CFP4_DECODE_RESERVE_WARPS) to the model's layers; before this
+# CFP4_DECODE_BW_FITTED_RULE) to the model's layers; before this
 # session only PDL reached them.
 set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh
+[ -e .carry/decode_bench ] || ln -s decode_bench_new .carry/decode_bench
 for step in "$@"; do
 if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
 case "$step" in
 chain)
-    for c in 8B 70B; do
-        echo "== pgemv_bench-tl chain $c"
-        CFP4_PGEMV_CHAIN=$c timeout 120 ./.carry/pgemv_bench-tl > "$OUT/chain-$c.log" 2>&1; echo "rc $?"
-        grep -E "^copy|^chain|^\| chain|    chain" "$OUT/chain-$c.log" | cut -c1-420
+    for b in pgemv_bench-tl-old pgemv_bench-tl; do for c in 8B 70B; do
+        [ -x ".carry/$b" ] || continue
+        echo "== $b chain $c"
+        CFP4_PGEMV_CHAIN_RESERVES=0 CFP4_PGEMV_CHAIN=$c timeout 120 ./.carry/$b > "$OUT/chain-$b-$c.log" 2>&1; echo "rc $?"
+        grep -E "^\| chain|    chain" "$OUT/chain-$b-$c.log" | cut -c1-420
+    done; done
+    ;;
+tlm1)
+    for b in pgemv_bench-tl-old pgemv_bench-tl; do
+        echo "== $b (NVFP4, M = 1, spacers)"
+        CFP4_PGEMV_SPACER=1 CFP4_PGEMV_M1=1 CFP4_PGEMV_ONLY="8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,70B down" \
+            timeout 120 ./.carry/$b > "$OUT/tlm1-$b.log" 2>&1; echo "rc $?"
+        grep -E "^copy|^\| (8B|70B)|timeline|FAIL" "$OUT/tlm1-$b.log" | cut -c1-330
     done
     ;;
-resab)
-    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows resab decode_bench \
-        "decode_bench CFP4_DECODE_RESERVE_WARPS=4" "decode_bench CFP4_DECODE_RESERVE_WARPS=8"
-    pack_logs resab
+pcheck)
+    t gpu_gemv_packed 300
+    ;;
+bcheck)
+    t gpu_gemv_bf16 300
+    ;;
+stagedab)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
+        ab_rows stagedab decode_bench_old decode_bench_new
+    pack_logs stagedab
     ;;
 *)
     DEADLINE_S=100000 bash scripts/s33-device.sh "$step" | grep -v "^== done"

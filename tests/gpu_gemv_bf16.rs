@@ -10,9 +10,10 @@
 
 mod gemv_gpu_common;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_fp4::gemv::{bf16_gemv_planned_packed, plan_bf16_gemv, plan_bf16_gemv_with, GemvKnobs};
-use gemv_gpu_common::{abs_dot, check, gpu, rand_x, R};
+use candle_fp4::quant_linear::QuantLinear;
+use gemv_gpu_common::{abs_dot, check, gpu, gpu_sms, rand_x, R};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// A random BF16 `[n, k]` weight on the CPU.
@@ -107,6 +108,46 @@ fn llama_8b_shapes() -> R<()> {
     Ok(())
 }
 
+/// The GEMV knobs reach a layer's plans through `QuantLinear::set_gemv_knobs`, the path
+/// `Llama`'s loader takes for `knobs.gemv` (before the thirty-fourth session only PDL did, so
+/// decode_bench's A/B knobs measured the shipped path): a BF16 8B o layer (4096×4096, the
+/// shipped sm90 table's GEMV at M = 1) runs the packed BF16-weight kernel by default and
+/// gemv.cu's kernel under `bf16_legacy`, and both meet the bound.
+#[test]
+fn gemv_knobs_reach_the_layer() -> R<()> {
+    let dev = gpu();
+    let (n, k) = (4096, 4096);
+    let mut rng = StdRng::seed_from_u64(21);
+    let w = weight(n, k, &mut rng)?;
+    let x = rand_x(1, k, &mut rng)?;
+    let pre = x
+        .to_dtype(DType::F64)?
+        .matmul(&w.to_dtype(DType::F64)?.t()?)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?;
+    let (xg, wg) = (x.to_device(&dev)?, w.to_device(&dev)?);
+    let absd = abs_dot(&xg, &wg, 1.0)?;
+    let mut q = QuantLinear::from_bf16(wg, None)?;
+    for (legacy, fitted) in [(false, false), (true, false), (false, true)] {
+        q.set_gemv_knobs(&GemvKnobs {
+            bf16_legacy: legacy,
+            bw_fitted_rule: fitted,
+            ..GemvKnobs::with_pdl(true)
+        })?;
+        let kernel = q.packed_kernel_for(1, false);
+        assert_eq!(
+            kernel.is_some(),
+            !legacy,
+            "bf16_legacy {legacy}: planned packed kernel {kernel:?}"
+        );
+        drop(Tensor::full(f32::NAN, (1, n), &dev)?.to_dtype(DType::BF16)?);
+        let y = q.forward(&xg)?;
+        let what = format!("layer {n}x{k} legacy={legacy} fitted={fitted} ({kernel:?})");
+        check(&what, &y, &pre, &absd, k, false, false)?;
+    }
+    Ok(())
+}
+
 #[test]
 fn errors_are_errors() -> R<()> {
     let dev = gpu();
@@ -130,20 +171,4 @@ fn errors_are_errors() -> R<()> {
     // A weight of another dtype.
     assert!(bf16_gemv_planned_packed(&x1, &w.to_dtype(DType::F32)?, &plan).is_err());
     Ok(())
-}
-
-/// SMs of the test GPU.
-fn gpu_sms() -> R<usize> {
-    match gpu() {
-        Device::Cuda(d) => {
-            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
-            let v = d
-                .cuda_stream()
-                .context()
-                .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|e| candle_core::Error::Msg(format!("{e:?}")))?;
-            Ok(v as usize)
-        }
-        _ => Ok(0),
-    }
 }

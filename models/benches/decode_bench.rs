@@ -87,16 +87,6 @@ fn copy_bandwidth(dev: &Device) -> Result<f64> {
     Ok(candle_fp4::timing::copy_bandwidth(dev)?)
 }
 
-/// `CFP4_DECODE_RESERVE_WARPS` (0 when unset).
-fn reserve_warps() -> Result<usize> {
-    match std::env::var("CFP4_DECODE_RESERVE_WARPS") {
-        Ok(v) => v
-            .parse()
-            .with_context(|| format!("CFP4_DECODE_RESERVE_WARPS = {v:?} is not a warp count")),
-        Err(_) => Ok(0),
-    }
-}
-
 fn ours(c: &Case, dev: &Device) -> Result<Row> {
     let cfg = LlamaConfig::from_json_str(c.cfg, &c.name)?;
     let opts = LoadOptions {
@@ -112,9 +102,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
                 // CFP4_DECODE_BW_FITTED_RULE=1: the BF16-weight kernel launched with its own
                 // geometry rule (bw_geometry) rather than the NVFP4 kernel's.
                 bw_fitted_rule: std::env::var_os("CFP4_DECODE_BW_FITTED_RULE").is_some(),
-                // CFP4_DECODE_RESERVE_WARPS=<w>: the packed NVFP4 GEMVs' one-wave grids leave
-                // w warps of every SM to the next kernel's CTAs (reserve_geometry).
-                reserve_warps: reserve_warps()?,
                 ..candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl)
             },
             attention: attn_knobs()?,

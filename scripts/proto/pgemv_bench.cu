@@ -5,7 +5,6 @@
 // reference of the exact dequantized weight; times CUDA-graph replays of 32 calls rotating
 // among weight copies totalling >= 256 MiB (median of 15), like benches/gemv_cuda.rs;
 // CFP4_PGEMV_SPACER=1 puts a one-CTA kernel between the calls, as in the decode step;
-// CFP4_PGEMV_RESERVE=<w> plans one-wave grids leaving w warps per SM free (reserve_geometry);
 // CFP4_PGEMV_CHAIN=8B|70B times a layer's four GEMVs in the step's order (pgemv_chain.cuh).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -259,25 +258,14 @@ static std::pair<int, int> geometry(int groups, int npairs, const int* occ) {
 }
 
 // The library's plan of one layer for M tokens (src/gemv/packed/cuda.rs), restated for the
-// harness: kernel, groups, geometry and the staged x's shared memory. reserve: warps per SM
-// a one-wave grid leaves free (geometry.rs reserve_geometry; 0: the measured rule).
+// harness: kernel, groups, geometry and the staged x's shared memory.
 struct Plan {
     PgFn kfn;
     int nt, groups, warps, split;
     bool pair, deep;
     size_t xs_smem;
 };
-static int g_reserve = 0;  // CFP4_PGEMV_RESERVE
-static std::pair<int, int> reserve_geometry(int groups, int npairs, const int* occ, int reserve) {
-    if (reserve > 0) {
-        int cut[9] = {0};
-        for (int w = 1; w <= 8; ++w) cut[w] = std::max(0, occ[w] * w - reserve) / w;
-        const auto g = geometry(groups, npairs, cut);
-        if (cut[g.first] > 0 && groups * g.second <= sms * cut[g.first]) return g;
-    }
-    return geometry(groups, npairs, occ);
-}
-static Plan plan_shape(const Shape& s, const Layer& L, int m, int reserve, bool nopair, bool nostage, int smem_optin) {
+static Plan plan_shape(const Shape& s, const Layer& L, int m, bool nopair, bool nostage, int smem_optin) {
     const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
     // The deep kernel where it exists and each warp's run is at least its 5 pairs, else
     // the shallow one.
@@ -293,10 +281,10 @@ static Plan plan_shape(const Shape& s, const Layer& L, int m, int reserve, bool 
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occp[w], (const void*)cfp4_pgemv_fp4pair_nt1_u3, 32 * w, 0));
         occp[w] = std::max(occp[w], 1);
     }
-    auto [warps, split] = reserve_geometry(groups, L.npairs, pair ? occp : occ, reserve);
+    auto [warps, split] = geometry(groups, L.npairs, pair ? occp : occ);
     bool deep = false;
     if (nt == 1 && !s.silu && !pair) {
-        const auto [wd, sd] = reserve_geometry(groups, L.npairs, occd, reserve);
+        const auto [wd, sd] = geometry(groups, L.npairs, occd);
         if ((L.npairs + wd * sd - 1) / (wd * sd) >= 5) {
             deep = true;
             warps = wd;
@@ -480,7 +468,6 @@ int main(int argc, char** argv) {
         run_chain(c, copy, x, partial, counters, rng, smem_optin);
         return 0;
     }
-    if (const char* r = getenv("CFP4_PGEMV_RESERVE")) g_reserve = atoi(r);
     const bool spacers = getenv("CFP4_PGEMV_SPACER") != nullptr;
     if (spacers) {
         if (const char* e = getenv("CFP4_PGEMV_SPACER_NS")) g_spacer_ns = atol(e);
@@ -517,7 +504,7 @@ int main(int argc, char** argv) {
         // CFP4_PGEMV_M1=1: M = 1 only.
         const std::vector<int> ms = getenv("CFP4_PGEMV_M1") ? std::vector<int>{1} : std::vector<int>{1, 4, 8, 16, 32};
         for (int m : ms) {
-            const Plan pl = plan_shape(s, L, m, g_reserve, nopair, nostage, smem_optin);
+            const Plan pl = plan_shape(s, L, m, nopair, nostage, smem_optin);
             const int nt = pl.nt, groups = pl.groups, warps = pl.warps, split = pl.split;
             const bool pair = pl.pair, deep = pl.deep;
             const PgFn kfn = pl.kfn;

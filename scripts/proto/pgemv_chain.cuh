@@ -3,12 +3,12 @@
 // plans it, with one-CTA spacers where the step has its small kernels:
 //   spacer (add + RMSNorm) -> q|k|v -> spacer (attention + combine, CFP4_PGEMV_CHAIN_ATTN_NS
 //   of DRAM-idle spin, default 3000) -> o -> spacer (add + RMSNorm) -> gate|up -> down
-// captured `iters` times per graph (weight copies rotating), for each reserve in
-// CFP4_PGEMV_CHAIN_RESERVES (default "0,4,8": warps per SM a one-wave grid leaves to the next
-// kernel, geometry.rs reserve_geometry). Prints the chain's µs per layer minus the spacers'
-// chain alone, and (timeline builds) where each kernel's CTAs enter, are released by their
-// wait, finish their first chunk and end, relative to the end of the GEMV before it: the
-// boundary cost the decode step pays four times per layer.
+// captured `iters` times per graph (weight copies rotating). Prints the chain's µs per layer
+// minus the spacers' chain alone, and (timeline builds) where each kernel's CTAs enter, are
+// released by their wait, finish their first chunk and end, relative to the end of the GEMV
+// before it: the boundary cost the decode step pays four times per layer. (The thirty-fourth
+// session's first version also planned one-wave grids leaving warps per SM to the next
+// kernel: slower; docs/logs/s34/reserve-warps.patch.)
 // Included by pgemv_bench.cu after its helpers; not a separate program.
 #pragma once
 
@@ -72,16 +72,6 @@ static void run_chain(const char* which, double copy, __nv_bfloat16* x, float* p
         {b70 ? "70B down" : "8B down", b70 ? 8192 : 4096, b70 ? 28672 : 14336, false},
     };
     const long attn_ns = getenv("CFP4_PGEMV_CHAIN_ATTN_NS") ? atol(getenv("CFP4_PGEMV_CHAIN_ATTN_NS")) : 3000;
-    std::vector<int> reserves;
-    {
-        std::string r = getenv("CFP4_PGEMV_CHAIN_RESERVES") ? getenv("CFP4_PGEMV_CHAIN_RESERVES") : "0,4,8";
-        for (size_t a = 0; a < r.size();) {
-            const size_t b = r.find(',', a);
-            reserves.push_back(atoi(r.substr(a, b == std::string::npos ? std::string::npos : b - a).c_str()));
-            if (b == std::string::npos) break;
-            a = b + 1;
-        }
-    }
     std::vector<ChainLayer> ch;
     double bytes = 0;
     for (const Shape& s : shapes) {
@@ -126,11 +116,10 @@ static void run_chain(const char* which, double copy, __nv_bfloat16* x, float* p
         return double(ms) * 1000.0 / iters;
     };
     const double spacers_us = time_chain(false);
-    for (int reserve : reserves) {
-        for (auto& c : ch) c.pl = plan_shape(c.s, c.L, 1, reserve, false, false, smem_optin);
+    {
+        for (auto& c : ch) c.pl = plan_shape(c.s, c.L, 1, false, false, smem_optin);
         const double us = time_chain(true);
-        printf("| chain %s reserve %d | %s | %.2f us per layer (spacers alone %.2f) | %.0f GB/s | %.0f%% of copy |\n", which,
-               reserve,
+        printf("| chain %s | %s | %.2f us per layer (spacers alone %.2f) | %.0f GB/s | %.0f%% of copy |\n", which,
                (std::to_string(ch[0].pl.warps) + "/" + std::to_string(ch[1].pl.warps) + "/" +
                 std::to_string(ch[2].pl.warps) + "/" + std::to_string(ch[3].pl.warps) + " warps")
                    .c_str(),

@@ -38,10 +38,6 @@ pub struct GemvKnobs {
     /// kernel's (`packed_geometry`, what the decode step was measured with): opt-in until
     /// measured in the step (docs/benchmarks.md, thirty-second session).
     pub bw_fitted_rule: bool,
-    /// Warps of every SM that a packed NVFP4 GEMV's one-wave grid leaves free for the next
-    /// kernel's CTAs (`reserve_geometry`); 0, the default, plans as measured. An A/B for
-    /// the decode step, not yet measured (docs/benchmarks.md, thirty-fourth session).
-    pub reserve_warps: usize,
 }
 
 impl GemvKnobs {

@@ -5,7 +5,7 @@
 //! `cuda_norm.rs`.
 
 use super::geometry::{
-    depth_suits, pair_suits, reserve_geometry, stage_suits, staged_max_m, staged_slice_k,
+    depth_suits, packed_geometry, pair_suits, stage_suits, staged_max_m, staged_slice_k,
     staged_smem, PACKED_WARPS,
 };
 use super::layout::PackedLayout;
@@ -123,8 +123,7 @@ pub(super) fn grid_and_workspace(
 
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
 /// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
-/// device's image; `reserve`: warps per SM a one-wave grid leaves free
-/// ([`reserve_geometry`], `GemvKnobs::reserve_warps`).
+/// device's image.
 pub(crate) fn plan(
     dev: &CudaDevice,
     l: &PackedLayout,
@@ -132,7 +131,6 @@ pub(crate) fn plan(
     nt: usize,
     pdl: bool,
     sm80: bool,
-    reserve: usize,
 ) -> Result<PackedPlan> {
     if !PGEMV_NTS.contains(&nt) {
         bail!("packed NVFP4 GEMV: token tile {nt} is not one of {PGEMV_NTS:?}");
@@ -148,7 +146,7 @@ pub(crate) fn plan(
         let name = pgemv_pair_kernel_name(PGEMV_PAIR_U);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
-        let (warps, split) = reserve_geometry(l.pair_groups(), l.npairs, fa.sms, &occ, reserve);
+        let (warps, split) = packed_geometry(l.pair_groups(), l.npairs, fa.sms, &occ);
         let pdl = pdl && image.has_sm90_features();
         return finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl);
     }
@@ -159,7 +157,7 @@ pub(crate) fn plan(
         let name = pgemv_kernel_name(silu_mul, nt, u);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
-        let (warps, split) = reserve_geometry(groups, l.npairs, fa.sms, &occ, reserve);
+        let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
         if i + 1 == depths.len() || depth_suits(l.npairs, warps, split, u) {
             chosen = Some((f, name, u, warps, split));
             break;

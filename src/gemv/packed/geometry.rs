@@ -38,37 +38,6 @@ pub fn packed_geometry(groups: usize, npairs: usize, sms: usize, occ: &[usize]) 
     (warps, k_split(warps, groups, npairs, sms, occ_of(8)))
 }
 
-/// [`packed_geometry`] leaving `reserve` warps of every SM free (an experiment,
-/// `GemvKnobs::reserve_warps`, not a measured rule): under PDL the next kernel's CTAs are
-/// released when this grid has passed its wait, but they become resident (and issue the
-/// loads they may make before their own wait: a GEMV's first weight stages, the attention's
-/// cached rows) only where an SM has room, which a one-wave grid that fills the SMs leaves
-/// only in its tail. `occ[w]` is cut to the CTAs of `w` warps that fit beside `reserve`
-/// warps of the same register use (`(occ[w]·w − reserve) / w`, every kernel here runs at
-/// ~128 registers per thread). Only a grid that still fits one wave takes the reserve; a
-/// longer grid streams with every warp it can get and keeps [`packed_geometry`]'s
-/// choice, as does `reserve = 0`. Pure: the planner calls it once per layer.
-pub fn reserve_geometry(
-    groups: usize,
-    npairs: usize,
-    sms: usize,
-    occ: &[usize],
-    reserve: usize,
-) -> (usize, usize) {
-    if reserve > 0 {
-        let mut cut = [0usize; 9];
-        for (w, c) in cut.iter_mut().enumerate().skip(1) {
-            let o = occ.get(w).copied().unwrap_or(0);
-            *c = o.saturating_mul(w).saturating_sub(reserve) / w;
-        }
-        let (w, split) = packed_geometry(groups, npairs, sms, &cut);
-        if cut[w] > 0 && groups.saturating_mul(split) <= sms.saturating_mul(cut[w]) {
-            return (w, split);
-        }
-    }
-    packed_geometry(groups, npairs, sms, occ)
-}
-
 /// The K split of both geometry rules: 4 or 2 CTAs per group (partial sums through global
 /// memory) only for a grid of eight-warp CTAs covering at most half the SMs, where the
 /// split grid still fits one wave (`occ8` eight-warp CTAs per SM) and each CTA keeps at
@@ -328,52 +297,6 @@ mod tests {
         assert_eq!(g(64, 32), (8, 4)); // few groups, long K: the split
                                        // 70B gate|up: w2 79.9 µs, best w3 78.9 (within 2 %)
         assert_eq!(g(1792, 64).0, 2);
-    }
-
-    /// The reserve moves a one-wave grid to warp counts that leave `reserve` warps of each
-    /// SM free, and leaves multi-wave grids (and `reserve = 0`) to the plain rule.
-    #[test]
-    fn reserve_leaves_room_only_for_one_wave_grids() {
-        let r = |groups, pairs, reserve| reserve_geometry(groups, pairs, 132, &H200, reserve);
-        for &(g, p) in &[
-            (384, 32),
-            (256, 32),
-            (896, 32),
-            (256, 112),
-            (64, 32),
-            (60, 5),
-        ] {
-            assert_eq!(r(g, p, 0), packed_geometry(g, p, 132, &H200), "{g}x{p}");
-        }
-        // 8B q|k|v: 5 warps × 3 CTAs fill 15 of 16 warps; with 4 reserved, 4 warps × 3
-        // CTAs (12 warps) still cover 384 groups in one wave.
-        assert_eq!(r(384, 32, 4), (4, 1));
-        // 8 reserved: only 2-warp CTAs (4 per SM) cover it in one wave.
-        assert_eq!(r(384, 32, 8), (2, 1));
-        // 8B o and down (256 groups): 8 warps × 2 fill the SM; 4 warps × 2 leave 8 free,
-        // 5 warps × 2 leave 6 (down's long runs favour the wider CTA).
-        assert_eq!(r(256, 32, 8).0, 4);
-        assert_eq!(r(256, 112, 4).0, 5);
-        // Every choice leaves the reserve: warps · CTAs per SM + reserve ≤ the SM's 16.
-        for &(g, p, res) in &[
-            (384, 32, 4),
-            (384, 32, 8),
-            (256, 32, 8),
-            (256, 112, 4),
-            (64, 32, 8),
-        ] {
-            let (w, s) = r(g, p, res);
-            let per_sm = (g * s).div_ceil(132);
-            assert!(
-                per_sm * w + res <= 16,
-                "{g}x{p} reserve {res}: {w} warps, split {s}"
-            );
-        }
-        // 8B gate|up (896 silu groups) and the lm_head need several waves anyway: unchanged.
-        assert_eq!(r(896, 32, 8), packed_geometry(896, 32, 132, &H200));
-        assert_eq!(r(8016, 32, 4), packed_geometry(8016, 32, 132, &H200));
-        // Nothing fits beside a reserve of a whole SM: the plain rule.
-        assert_eq!(r(384, 32, 16), packed_geometry(384, 32, 132, &H200));
     }
 
     #[test]
