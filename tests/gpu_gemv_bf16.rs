@@ -39,12 +39,8 @@ fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<Vec<Str
             .to_vec2::<f32>()?;
         let absd = abs_dot(&xg, &wg, 1.0)?;
         for &silu in silus {
-            // Both geometry rules (the fitted one picks other warp counts and depths).
-            for (pdl, fitted) in [(false, false), (true, false), (true, true)] {
-                let knobs = GemvKnobs {
-                    bw_fitted_rule: fitted,
-                    ..GemvKnobs::with_pdl(pdl)
-                };
+            for pdl in [false, true] {
+                let knobs = GemvKnobs::with_pdl(pdl);
                 let plan = plan_bf16_gemv_with(&wg, silu, &knobs)?
                     .expect("the BF16 kernels serve this shape");
                 kernels.push(plan.kernel_for(m).unwrap_or("none").to_string());
@@ -52,7 +48,7 @@ fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<Vec<Str
                 drop(Tensor::full(f32::NAN, (m, n), &dev)?.to_dtype(DType::BF16)?);
                 let y = bf16_gemv_planned_packed(&xg, &wg, &plan)?;
                 let what = format!(
-                    "bf16 {n}x{k} m={m} silu={silu} pdl={pdl} fitted rule={fitted} ({})",
+                    "bf16 {n}x{k} m={m} silu={silu} pdl={pdl} ({})",
                     kernels.last().unwrap()
                 );
                 check(&what, &y, &pre, &absd, k, silu, false)?;
@@ -128,10 +124,9 @@ fn gemv_knobs_reach_the_layer() -> R<()> {
     let (xg, wg) = (x.to_device(&dev)?, w.to_device(&dev)?);
     let absd = abs_dot(&xg, &wg, 1.0)?;
     let mut q = QuantLinear::from_bf16(wg, None)?;
-    for (legacy, fitted) in [(false, false), (true, false), (false, true)] {
+    for legacy in [false, true] {
         q.set_gemv_knobs(&GemvKnobs {
             bf16_legacy: legacy,
-            bw_fitted_rule: fitted,
             ..GemvKnobs::with_pdl(true)
         })?;
         let kernel = q.packed_kernel_for(1, false);
@@ -142,7 +137,7 @@ fn gemv_knobs_reach_the_layer() -> R<()> {
         );
         drop(Tensor::full(f32::NAN, (1, n), &dev)?.to_dtype(DType::BF16)?);
         let y = q.forward(&xg)?;
-        let what = format!("layer {n}x{k} legacy={legacy} fitted={fitted} ({kernel:?})");
+        let what = format!("layer {n}x{k} legacy={legacy} ({kernel:?})");
         check(&what, &y, &pre, &absd, k, false, false)?;
     }
     Ok(())

@@ -9,14 +9,10 @@
 
 mod gemv_gpu_common;
 
-use candle_core::Module;
 use candle_core::{DType, Device, Tensor};
-use candle_fp4::gemv::{
-    packed_nvfp4_gemv, packed_nvfp4_gemv_planned, GemvKnobs, KernelImage, PackedNvfp4,
-};
+use candle_fp4::gemv::{packed_nvfp4_gemv, packed_nvfp4_gemv_planned, KernelImage, PackedNvfp4};
 use candle_fp4::nvfp4::dequantize_rows;
-use candle_fp4::quant_linear::QuantLinear;
-use gemv_gpu_common::{abs_dot, check, gpu, gpu_sms, layer, rand_x, R};
+use gemv_gpu_common::{abs_dot, check, gpu, layer, rand_x, R};
 use rand::{rngs::StdRng, SeedableRng};
 
 fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<()> {

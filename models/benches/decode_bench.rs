@@ -99,9 +99,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
             // kernel over their natural layout (an A/B in one binary).
             gemv: candle_fp4::knobs::GemvKnobs {
                 bf16_legacy: std::env::var_os("CFP4_DECODE_BF16_LEGACY").is_some(),
-                // CFP4_DECODE_BW_FITTED_RULE=1: the BF16-weight kernel launched with its own
-                // geometry rule (bw_geometry) rather than the NVFP4 kernel's.
-                bw_fitted_rule: std::env::var_os("CFP4_DECODE_BW_FITTED_RULE").is_some(),
                 ..candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl)
             },
             attention: attn_knobs()?,

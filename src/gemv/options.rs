@@ -33,11 +33,6 @@ pub struct GemvKnobs {
     /// BF16 weights at one token tile: the ModelOpt-layout GEMV (`kernels/gemv.cu`) instead
     /// of the packed kernel over the natural layout (an A/B for benchmarks).
     pub bf16_legacy: bool,
-    /// The packed kernel over BF16 weights launched with its own geometry rule
-    /// (`bw_geometry`, fitted to the harness's spacer protocol) instead of the NVFP4
-    /// kernel's (`packed_geometry`, what the decode step was measured with): opt-in until
-    /// measured in the step (docs/benchmarks.md, thirty-second session).
-    pub bw_fitted_rule: bool,
 }
 
 impl GemvKnobs {

@@ -59,7 +59,7 @@ impl Plans {
     }
 
     /// [`new`](Self::new) with the launch knobs `knobs`: PDL, the kernel image and the
-    /// kernel and geometry A/B switches (`bf16_legacy`, `bw_fitted_rule`). The token tile
+    /// kernel and geometry A/B switches (`bf16_legacy`). The token tile
     /// and the split come from the device's table, not from `knobs`.
     pub(crate) fn with_knobs(
         device: &Device,
@@ -212,15 +212,7 @@ fn make_choice(
         }
         (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
-            match crate::gemv::packed::cuda_bf16::plan_bf16(
-                d,
-                n,
-                k,
-                silu,
-                opts.pdl,
-                sm80,
-                opts.bw_fitted_rule,
-            )? {
+            match crate::gemv::packed::cuda_bf16::plan_bf16(d, n, k, silu, opts.pdl, sm80)? {
                 Some(p) => Ok(Choice::PackedBf16(Arc::new(p))),
                 None => legacy_choice(d, fp4, n, k, 1, silu, opts),
             }

@@ -58,10 +58,6 @@ struct Args {
     /// kernels run between two projections) and the norms' chain alone is subtracted.
     #[arg(long)]
     back_to_back: bool,
-    /// Time BF16 layers' packed kernel with its own geometry rule (`bw_geometry`) instead of
-    /// the NVFP4 kernel's (what `QuantLinear` runs unless `GemvKnobs::bw_fitted_rule`).
-    #[arg(long)]
-    bw_fitted_rule: bool,
 }
 
 fn err(e: impl std::fmt::Debug) -> candle_core::Error {
@@ -80,13 +76,7 @@ fn gpu_us(
 /// (m, GEMV µs, matmul-path µs) of NVFP4 and of BF16 for one shape.
 type Rows = Vec<(usize, f64, f64)>;
 
-fn measure(
-    dev: &Device,
-    s: &GemvShape,
-    ms: &[usize],
-    back_to_back: bool,
-    bw_fitted_rule: bool,
-) -> Result<(Rows, Rows)> {
+fn measure(dev: &Device, s: &GemvShape, ms: &[usize], back_to_back: bool) -> Result<(Rows, Rows)> {
     let (n, k) = (s.n, s.k);
     let (np, sp) = swizzled_shape(n, k / 16);
     let fp4_bytes = n * k / 2 + np * sp;
@@ -110,10 +100,7 @@ fn measure(
     };
     let norm = AddRmsNorm::new(&Tensor::ones(k, DType::BF16, dev)?, 1e-5)?;
     // The BF16-weight kernel is planned once per shape, as a layer plans it at load.
-    let opts = GemvKnobs {
-        bw_fitted_rule,
-        ..GemvKnobs::with_pdl(true)
-    };
+    let opts = GemvKnobs::with_pdl(true);
     let bf16_plan = plan_bf16_gemv_with(&wb[0], s.silu_mul, &opts)?;
     let (mut fp4, mut bf16) = (vec![], vec![]);
     for &m in ms {
@@ -225,7 +212,7 @@ fn main() -> Result<()> {
         .map_err(err)?;
     let mut entries = vec![];
     for s in &shapes {
-        let (fp4, bf16) = measure(&dev, s, &ms, a.back_to_back, a.bw_fitted_rule)?;
+        let (fp4, bf16) = measure(&dev, s, &ms, a.back_to_back)?;
         entries.extend(table_entry(s, false, &fp4));
         entries.extend(table_entry(s, true, &bf16));
     }

@@ -39,8 +39,7 @@ pub fn plan_bf16_gemv(w: &Tensor, silu_mul: bool, pdl: bool) -> Result<Option<Bf
 }
 
 /// [`plan_bf16_gemv`] with the launch knobs: `pdl`, the kernel image (`Sm80`: the sm_80
-/// code) and the geometry rule (`bw_fitted_rule`); the token tile and split knobs do not
-/// apply (one token tile, the rule's split).
+/// code); the token tile and split knobs do not apply (one token tile, the rule's split).
 pub fn plan_bf16_gemv_with(
     w: &Tensor,
     silu_mul: bool,
@@ -56,9 +55,8 @@ pub fn plan_bf16_gemv_with(
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = w.device() {
         let sm80 = knobs.image == crate::gemv::options::KernelImage::Sm80;
-        let fitted = knobs.bw_fitted_rule;
         return Ok(
-            plan_bf16(d, n, k, silu_mul, knobs.pdl, sm80, fitted)?.map(|p| Bf16GemvPlan {
+            plan_bf16(d, n, k, silu_mul, knobs.pdl, sm80)?.map(|p| Bf16GemvPlan {
                 plan: std::sync::Arc::new(p),
             }),
         );

@@ -6,8 +6,7 @@
 
 use super::cuda::{grid_and_workspace, occupancies, opt_ptr};
 use super::geometry::{
-    bw_geometry, depth_suits, packed_geometry, pair_suits, stage_suits, staged_smem, BW_DEEP_RUN,
-    STAGED_MAX_M,
+    bw_geometry, depth_suits, pair_suits, stage_suits, staged_smem, BW_DEEP_RUN, STAGED_MAX_M,
 };
 use crate::cuda::{facts, launch, module, Image, KernelFile, Launch};
 use crate::gemv::checks::x_rows;
@@ -59,10 +58,10 @@ fn depths(kind: BwKind) -> Vec<usize> {
 }
 
 /// Plans the GEMV of a BF16 `[n, k]` weight on `dev` (a lock and occupancy queries: call it
-/// at load); `sm80`: the sm_80 code (JIT from PTX) instead of the device's image;
-/// `fitted_rule`: the BF16 kernel's own geometry rule (`bw_geometry`) instead of the NVFP4
-/// kernel's (`GemvKnobs::bw_fitted_rule`). `None` when the kernels cannot serve the shape
-/// (`k` not a multiple of 64, an odd `n` with `silu_mul`).
+/// at load); `sm80`: the sm_80 code (JIT from PTX) instead of the device's image. The
+/// geometry is the BF16 kernel's own rule (`bw_geometry`; the NVFP4 kernel's rule it
+/// replaced: docs/benchmarks.md, thirty-fourth session). `None` when the kernels cannot
+/// serve the shape (`k` not a multiple of 64, an odd `n` with `silu_mul`).
 pub(crate) fn plan_bf16(
     dev: &CudaDevice,
     n: usize,
@@ -70,7 +69,6 @@ pub(crate) fn plan_bf16(
     silu_mul: bool,
     pdl: bool,
     sm80: bool,
-    fitted_rule: bool,
 ) -> Result<Option<Bf16Plan>> {
     if n == 0 || k == 0 || !k.is_multiple_of(BW_STEP) || (silu_mul && !n.is_multiple_of(2)) {
         return Ok(None);
@@ -101,15 +99,10 @@ pub(crate) fn plan_bf16(
         let name = pgemv_bw_kernel_name(kind, u);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
-        // The geometry and the warp run a depth of `u` needs, by the rule asked for.
-        let ((warps, split), run) = if fitted_rule {
-            let step_bytes = tiles_per_group * 16 * BW_STEP * 2;
-            let g = bw_geometry(groups, steps, step_bytes, u, fa.sms, &occ);
-            (g, BW_DEEP_RUN.max(u))
-        } else {
-            (packed_geometry(groups, steps, fa.sms, &occ), u)
-        };
-        if i + 1 == us.len() || depth_suits(steps, warps, split, run) {
+        // The geometry, and the warp run from which depth `u` serves.
+        let step_bytes = tiles_per_group * 16 * BW_STEP * 2;
+        let (warps, split) = bw_geometry(groups, steps, step_bytes, u, fa.sms, &occ);
+        if i + 1 == us.len() || depth_suits(steps, warps, split, BW_DEEP_RUN.max(u)) {
             chosen = Some((f, name, u, warps, split));
             break;
         }

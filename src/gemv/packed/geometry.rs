@@ -59,8 +59,10 @@ fn k_split(warps: usize, groups: usize, steps: usize, sms: usize, occ8: usize) -
 /// By Little's law an SM streams its share of the H200's ~4.2 TB/s (32 GB/s over 132 SMs)
 /// with ~1 µs of DRAM latency from ~32 KB in flight. Set so that the rule gives the
 /// harness's best configurations on the 8B q|k|v, o and down (thirty-first session, spacer
-/// protocol, M = 1); not yet checked against the full sweep (`scripts/proto/fit-bw-rule.py`)
-/// nor in the decode step, so the planner uses it only under `GemvKnobs::bw_fitted_rule`.
+/// protocol, M = 1). In the decode step (H100, thirty-fourth session) it tied the NVFP4
+/// kernel's rule at batch 1 and won at batch 8 (all-BF16 8B: 6.16 → 6.13 ms), so the planner
+/// uses it for every BF16 layer; not yet checked against the full sweep
+/// (`scripts/proto/fit-bw-rule.py`).
 pub const BW_INFLIGHT_PER_SM: usize = 40 * 1024;
 
 /// Warp runs (64-wide K steps per warp) from which [`bw_geometry`]'s caller keeps four
