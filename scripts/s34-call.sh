@@ -1,3 +1,6 @@
-# One device call of the thirty-fourth session: $STEPS of scripts/s34-device.sh, logs packed.
-bash scripts/s34-device.sh ${STEPS-chain} 2>&1 | tee $OUT/console.txt
+# One device call of the thirty-fourth session: $STEPS of scripts/s34-device.sh (plus
+# $ON_H200's when the card is an H200), logs packed.
+steps=${STEPS-chain}
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in *H200*) steps="$steps ${ON_H200:-}" ;; esac
+bash scripts/s34-device.sh $steps 2>&1 | tee $OUT/console.txt
 cd $OUT && tar cJf logs.tar.xz $(ls | grep -v console.txt) && ls

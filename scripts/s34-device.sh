@@ -8,6 +8,11 @@
 #   cp.async groups), alternating rows ($AB_ROWS, $AB_ROUNDS).
 # tlm1: the single-GEMV timelines (M = 1, spacers) of both harness builds.
 # pcheck: tests/gpu_gemv_packed.rs; bcheck: tests/gpu_gemv_bf16.rs (with the knob test).
+# bfab: all-BF16 8B rows (b1, b8), decode_bench_new (call 2's build: the NVFP4 kernel's
+#   geometry rule for BF16 layers) against decode_bench (the fitted rule, now the default).
+# tune34: the whole table with this tree's tune into $OUT/sm90.json.
+# bench: decode_bench --bench, every row (the tree's table unless tune34 wrote one and
+#   TABLE34=1).
 # Any other step is scripts/s33-device.sh's (tunefull, benchfit, tl; through it s32's bwab2,
 # tunefit and s31's bwcheck, bw2, ...). DEADLINE_S: steps that would start later are
 # skipped. decode_bench now applies its GEMV knobs (CFP4_DECODE_BF16_LEGACY,
@@ -46,6 +51,25 @@ stagedab)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
         ab_rows stagedab decode_bench_old decode_bench_new
     pack_logs stagedab
+    ;;
+bfab)
+    AB_ROWS="${AB_ROWS:-8b bf16 b1 ctx512 kvbf16 graph;8b bf16 b8 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
+        ab_rows bfab decode_bench_new decode_bench
+    pack_logs bfab
+    ;;
+tune34)
+    echo "== tune (8B and 70B with their tensor-parallel-2 shards, SmolLM2)"
+    timeout 240 ./.carry/tune --config tests/data/configs/llama-3.1-8b.json \
+        --config tests/data/configs/llama-3.1-70b.json --tp 2 \
+        --shapes 960x576,576x576,3072x576s,576x1536,49152x576 --ms 1,2,4,6,8,12,16,24,32 \
+        --out "$OUT/sm90.json" > "$OUT/tune.log" 2>&1; echo "rc $?"
+    grep -E "m= 1:" "$OUT/tune.log" | cut -c1-150
+    ;;
+bench)
+    [ -n "${TABLE34:-}" ] && [ -s "$OUT/sm90.json" ] && export CANDLE_FP4_TABLES="$OUT"
+    echo "== decode_bench --bench (tables: ${CANDLE_FP4_TABLES:-built in})"
+    timeout 300 ./.carry/decode_bench --bench > "$OUT/decode_bench.log" 2>&1
+    echo "rc $?"; tail -26 "$OUT/decode_bench.log"
     ;;
 *)
     DEADLINE_S=100000 bash scripts/s33-device.sh "$step" | grep -v "^== done"
