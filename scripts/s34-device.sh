@@ -7,6 +7,9 @@
 # stagedab: decode_bench_old (CTA-wide staged copy) against decode_bench_new (per-warp, two
 #   cp.async groups), alternating rows ($AB_ROWS, $AB_ROUNDS).
 # tlm1: the single-GEMV timelines (M = 1, spacers) of both harness builds.
+# TL_OLD, DB_OLD, DB_NEW: the builds chain, tlm1 and stagedab compare (call 5: the per-warp
+#   two-group copy, pgemv_bench-tl-v2 / decode_bench_v2, against the first U steps on x from
+#   L2, pgemv_bench-tl / decode_bench).
 # pcheck: tests/gpu_gemv_packed.rs; bcheck: tests/gpu_gemv_bf16.rs (with the knob test).
 # bfab: all-BF16 8B rows (b1, b8), decode_bench_new (call 2's build: the NVFP4 kernel's
 #   geometry rule for BF16 layers) against decode_bench (the fitted rule, now the default).
@@ -26,7 +29,7 @@ for step in "$@"; do
 if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
 case "$step" in
 chain)
-    for b in pgemv_bench-tl-old pgemv_bench-tl; do for c in 8B 70B; do
+    for b in ${TL_OLD:-pgemv_bench-tl-old} pgemv_bench-tl; do for c in 8B 70B; do
         [ -x ".carry/$b" ] || continue
         echo "== $b chain $c"
         CFP4_PGEMV_CHAIN_RESERVES=0 CFP4_PGEMV_CHAIN=$c timeout 120 ./.carry/$b > "$OUT/chain-$b-$c.log" 2>&1; echo "rc $?"
@@ -34,7 +37,7 @@ chain)
     done; done
     ;;
 tlm1)
-    for b in pgemv_bench-tl-old pgemv_bench-tl; do
+    for b in ${TL_OLD:-pgemv_bench-tl-old} pgemv_bench-tl; do
         echo "== $b (NVFP4, M = 1, spacers)"
         CFP4_PGEMV_SPACER=1 CFP4_PGEMV_M1=1 CFP4_PGEMV_ONLY="8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,70B down" \
             timeout 120 ./.carry/$b > "$OUT/tlm1-$b.log" 2>&1; echo "rc $?"
@@ -49,7 +52,7 @@ bcheck)
     ;;
 stagedab)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
-        ab_rows stagedab decode_bench_old decode_bench_new
+        ab_rows stagedab ${DB_OLD:-decode_bench_old} ${DB_NEW:-decode_bench_new}
     pack_logs stagedab
     ;;
 bfab)
