@@ -42,13 +42,13 @@
 // accumulation, one rounding to bf16.
 //
 // Staged variants (plain, one token tile, one row tile per group): right after
-// griddepcontrol.wait each warp copies the M rows of x over its own K run past its first U
-// steps into the CTA's dynamic shared memory ([M][len + 8] bf16 over the CTA's K slice
-// [128 s0, 128 s0 + len), len a multiple of 64) with cp.async, runs its first U steps on x
-// from L2 as the other variants do, then waits for its copy and its warp (no CTA barrier:
-// no warp reads another's columns) and reads x there with ld.shared for the rest of its run.
-// (A run shorter than U steps copies all of it and waits first.) The launch gives
-// M * (len + 8) * 2 bytes (the planner's `staged_smem`).
+// griddepcontrol.wait each warp copies the M rows of x over its own K run into the CTA's
+// dynamic shared memory ([M][len + 8] bf16 over the CTA's K slice [128 s0, 128 s0 + len),
+// len a multiple of 64) with cp.async, in two groups: the columns of its first U steps, then
+// the rest. It waits for the first group only (and its warp, no CTA barrier: no warp reads
+// another's columns) before its first MMAs, for the rest after its first U steps; the main
+// loop reads x there with ld.shared instead of from L2. The launch gives M * (len + 8) * 2
+// bytes (the planner's `staged_smem`).
 #include <stdint.h>
 #include <cuda_bf16.h>
 #include "gemv_packed.cuh"
@@ -496,21 +496,17 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         xstride = size_t(p.k + 8);
     }
     int xcol = STEP * w0;  // this warp's first x column in xb
-    // Cursors into x in global memory at this warp's first column: what the staged
-    // variants' first U steps read (unused by the others).
-    const __nv_bfloat16* xg[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-        xg[j] = static_cast<const __nv_bfloat16*>(p.x) + size_t(min(g + 8 * j, p.m - 1)) * size_t(p.x_stride) +
-                STEP * w0 + (BW ? 8 : 16) * t;
     if constexpr (XS == XSrc::Staged) {
-        // The columns of the CTA's slice past this warp's first U steps (all of them when
-        // its run is shorter), copied while those steps run on x from L2 (below).
+        // This warp's columns of the CTA's slice: its first U steps' first, then the rest
+        // (waited for after the first U steps, below); only the first group before its MMAs.
         extern __shared__ __align__(16) unsigned char pgemv_dyn[];
         __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
         const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
-        const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len);
-        stage_x_cols(p, xs, len + 8, k0, np >= U ? min(c0 + STEP * U, c1) : c0, c1);
+        const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * U, c1);
+        stage_x_cols(p, xs, len + 8, k0, c0, cu);
+        stage_x_cols(p, xs, len + 8, k0, cu, c1);
+        cfp4::cp_async_wait_group<1>();
+        __syncwarp();
         xb = xs;
         xstride = size_t(len + 8);
         xcol = c0;
@@ -530,7 +526,8 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #ifdef CFP4_PGEMV_TIMELINE
     bool first_chunk = true;
 #endif
-    auto stamp_first = [&]() {
+    auto compute = [&](const Stage<NT, SILU, PAIR, BW>& s, int h, int xo) {
+        compute_chunk<NT, SILU, PAIR, XS != XSrc::Global, BW>(acc, s, h, xr, xo);
 #ifdef CFP4_PGEMV_TIMELINE
         if (first_chunk) {
             // The stamp waits for the chunk's MMAs (they read the loaded stage).
@@ -539,15 +536,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
             first_chunk = false;
         }
 #endif
-    };
-    auto compute = [&](const Stage<NT, SILU, PAIR, BW>& s, int h, int xo) {
-        compute_chunk<NT, SILU, PAIR, XS != XSrc::Global, BW>(acc, s, h, xr, xo);
-        stamp_first();
-    };
-    // Staged variants' first U steps: x from L2 at the global cursors.
-    auto compute_l2 = [&](const Stage<NT, SILU, PAIR, BW>& s, int h, int xo) {
-        compute_chunk<NT, SILU, PAIR, false, BW>(acc, s, h, xg, xo);
-        stamp_first();
     };
     auto advance = [&]() {
 #pragma unroll
@@ -568,23 +556,15 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // per step.
     const int full = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
     int i0 = 0;
-    if constexpr (XS == XSrc::Staged) {
-        // The first U steps on x from L2 while the copy of the rest lands; then the copy
-        // (this thread's) and the warp's (its lanes read each other's pieces).
-        if (np >= U) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                compute_l2(st[u], 0, STEP * u);
-                if (u < full) compute_l2(st[u], 1, STEP * u + 64);
-                if (u + U < np) load(st[u], u + U);
-            }
-            advance();
-            i0 = U;
+    // Staged: x past the first U steps (the second cp.async group) before they are read.
+    auto staged_rest = [&]() {
+        if constexpr (XS == XSrc::Staged) {
+            cfp4::cp_async_wait_all();
+            __syncwarp();
         }
-        cfp4::cp_async_wait_all();
-        __syncwarp();
-    }
+    };
     for (; i0 + U <= np; i0 += U) {
+        if (i0 == U) staged_rest();
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             compute(st[u], 0, STEP * u);
@@ -593,6 +573,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
         advance();
     }
+    staged_rest();
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
         if (i0 + u < np) {

@@ -46,6 +46,11 @@ inline void cp_async_land(size_t n) {
 inline void cp_async_16(void* smem, const void* gmem) { t_cp_async.copies.emplace_back(smem, gmem); }
 inline void cp_async_commit() { t_cp_async.group_ends.push_back(t_cp_async.copies.size()); }
 inline void cp_async_wait_all() { cp_async_land(t_cp_async.copies.size()); }
+template <int N>
+inline void cp_async_wait_group() {
+    const auto& e = t_cp_async.group_ends;
+    if (e.size() > size_t(N)) cp_async_land(e[e.size() - 1 - N]);
+}
 inline uint32_t pack_bf16x2_rn(float lo, float hi) {
     return uint32_t(__float2bfloat16_rn(lo).x) | (uint32_t(__float2bfloat16_rn(hi).x) << 16);
 }
