@@ -13,6 +13,8 @@
 # pcheck: tests/gpu_gemv_packed.rs; bcheck: tests/gpu_gemv_bf16.rs (with the knob test).
 # bfab: all-BF16 8B rows (b1, b8), decode_bench_new (call 2's build: the NVFP4 kernel's
 #   geometry rule for BF16 layers) against decode_bench (the fitted rule, now the default).
+# mcheck: models/tests/gpu_decode_graph.rs and gpu_llama_tiny.rs (the loader's knob path).
+# parts: the 8B NVFP4 b1 step part by part inside CUDA graphs (CFP4_DECODE_PARTS).
 # tune34: the whole table with this tree's tune into $OUT/sm90.json.
 # bench: decode_bench --bench, every row (the tree's table unless tune34 wrote one and
 #   TABLE34=1).
@@ -54,6 +56,16 @@ stagedab)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
         ab_rows stagedab ${DB_OLD:-decode_bench_old} ${DB_NEW:-decode_bench_new}
     pack_logs stagedab
+    ;;
+mcheck)
+    t gpu_decode_graph 300
+    t gpu_llama_tiny 200
+    ;;
+parts)
+    echo "== decode_bench parts, 8B NVFP4 b1 512"
+    CFP4_DECODE_ONLY="=8b nvfp4 b1 ctx512 kvbf16 graph" CFP4_DECODE_PARTS=1 timeout 200 ./.carry/decode_bench --bench \
+        > "$OUT/parts.log" 2>&1; echo "rc $?"
+    grep -vE "^\s*$" "$OUT/parts.log" | tail -24
     ;;
 bfab)
     AB_ROWS="${AB_ROWS:-8b bf16 b1 ctx512 kvbf16 graph;8b bf16 b8 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
