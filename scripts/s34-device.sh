@@ -13,6 +13,8 @@
 # pcheck: tests/gpu_gemv_packed.rs; bcheck: tests/gpu_gemv_bf16.rs (with the knob test).
 # bfab: all-BF16 8B rows (b1, b8), decode_bench_new (call 2's build: the NVFP4 kernel's
 #   geometry rule for BF16 layers) against decode_bench (the fitted rule, now the default).
+# pre: pgemv_bench-tl without and with CFP4_PGEMV_PRE=1 (step 0 decoded before the PDL
+#   wait), M = 1 rows (spacers) and the 8B / 70B chains, same binary.
 # mcheck: models/tests/gpu_decode_graph.rs and gpu_llama_tiny.rs (the loader's knob path).
 # parts: the 8B NVFP4 b1 step part by part inside CUDA graphs (CFP4_DECODE_PARTS).
 # tune34: the whole table with this tree's tune into $OUT/sm90.json.
@@ -56,6 +58,20 @@ stagedab)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" AB_ROUNDS="${AB_ROUNDS:-2}" \
         ab_rows stagedab ${DB_OLD:-decode_bench_old} ${DB_NEW:-decode_bench_new}
     pack_logs stagedab
+    ;;
+pre)
+    for v in 0 1; do
+        pre=""; [ $v = 1 ] && pre=1
+        echo "== pgemv_bench-tl M = 1, CFP4_PGEMV_PRE=$pre"
+        env ${pre:+CFP4_PGEMV_PRE=1} CFP4_PGEMV_SPACER=1 CFP4_PGEMV_M1=1 \
+            CFP4_PGEMV_ONLY="8B qkv,8B o,8B down,70B qkv,S qkv,S o,S down,odd" \
+            timeout 120 ./.carry/pgemv_bench-tl > "$OUT/pre$v-m1.log" 2>&1; echo "rc $?"
+        grep -E "^\| (8B|70B|S |odd)|timeline|FAIL" "$OUT/pre$v-m1.log" | cut -c1-330
+        for c in 8B 70B; do
+            env ${pre:+CFP4_PGEMV_PRE=1} CFP4_PGEMV_CHAIN=$c timeout 120 ./.carry/pgemv_bench-tl > "$OUT/pre$v-chain-$c.log" 2>&1
+            echo "rc $?"; grep -E "^\| chain|    chain" "$OUT/pre$v-chain-$c.log" | cut -c1-420
+        done
+    done
     ;;
 mcheck)
     t gpu_decode_graph 300
