@@ -15,6 +15,8 @@
 #   geometry rule for BF16 layers) against decode_bench (the fitted rule, now the default).
 # pre: pgemv_bench-tl without and with CFP4_PGEMV_PRE=1 (step 0 decoded before the PDL
 #   wait), M = 1 rows (spacers) and the 8B / 70B chains, same binary.
+# preab: decode_bench without and with CFP4_DECODE_PREDECODE=1 (the plain one-tile packed
+#   GEMVs' predecoded twins), alternating rows ($AB_ROWS, $AB_ROUNDS).
 # mcheck: models/tests/gpu_decode_graph.rs and gpu_llama_tiny.rs (the loader's knob path).
 # parts: the 8B NVFP4 b1 step part by part inside CUDA graphs (CFP4_DECODE_PARTS).
 # tune34: the whole table with this tree's tune into $OUT/sm90.json.
@@ -72,6 +74,11 @@ pre)
             echo "rc $?"; grep -E "^\| chain|    chain" "$OUT/pre$v-chain-$c.log" | cut -c1-420
         done
     done
+    ;;
+preab)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows preab decode_bench "decode_bench CFP4_DECODE_PREDECODE=1"
+    pack_logs preab
     ;;
 mcheck)
     t gpu_decode_graph 300
