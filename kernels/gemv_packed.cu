@@ -168,43 +168,6 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[Cfg<NT, SILU, PAIR>::
     }
 }
 
-// Predecoded variants (PRE: a harness experiment, no library instance): chunk h of a plain
-// one-tile NVFP4 stage decoded and scaled into shared memory dec ([4 words][32 lanes] A
-// fragments), so that the MMAs after the PDL release need no decode.
-template <int NT, bool SILU, bool PAIR>
-__device__ __forceinline__ void decode_chunk_to(const Stage<NT, SILU, PAIR, false>& s, int h, uint4* dec) {
-    const int lane = threadIdx.x & 31;
-    const uint32_t S = scale_regs(s.s[0], h);
-    const uint32_t sa = __byte_perm(S, 0, 0x1010), sb = __byte_perm(S, 0, 0x3232);
-    const uint4 wv = s.w[0][h];
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-    for (int jw = 0; jw < 4; ++jw) {
-        uint32_t r[4];
-        packed_word_pairs(words[jw], r);
-        dec[jw * 32 + lane] = make_uint4(bf16x2_mul(r[0], sa), bf16x2_mul(r[1], sb), bf16x2_mul(r[2], sa),
-                                         bf16x2_mul(r[3], sb));
-    }
-}
-
-// acc += the predecoded chunk dec times x from `xo` elements past the cursors xr (one
-// token tile, one row tile: the PRE variants).
-template <int NT, bool SILU, bool PAIR, bool XS>
-__device__ __forceinline__ void compute_decoded(float (&acc)[Cfg<NT, SILU, PAIR>::TILES][NT][Cfg<NT, SILU, PAIR>::SETS][4],
-                                                const uint4* dec, const __nv_bfloat16* const* xr, int xo) {
-    static_assert(NT == 1 && !SILU && !PAIR, "the predecoded variants are plain, one tile");
-    constexpr int SETS = Cfg<NT, SILU, PAIR>::SETS;
-    const int lane = threadIdx.x & 31;
-    const uint4 xv[2] = {load_x<XS>(xr[0] + xo), load_x<XS>(xr[0] + xo + 8)};
-#pragma unroll
-    for (int jw = 0; jw < 4; ++jw) {
-        const uint4 a4 = cfp4::ld_shared_v4(&dec[jw * 32 + lane]);
-        const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-        const uint4 xx = xv[jw >> 1];
-        mma_bf16(acc[0][0][jw % SETS], a, (jw & 1) ? xx.z : xx.x, (jw & 1) ? xx.w : xx.y);
-    }
-}
-
 // Sums the warps' accumulators through shared memory `red` ([warps][TILES][NT][32]
 // float4), adds the K slices when split > 1 and writes the output with the epilogue.
 template <int NT, bool SILU, bool PAIR>
@@ -448,13 +411,8 @@ __device__ __forceinline__ void tl_stamp(const PackedGemvParams&, int) {}
 // U: K steps in flight per warp in registers (a variant parameter, src/variants.rs): NVFP4
 // pairs (1 KB of codes per tile), or with BW (BF16 weights [N, K], "BF16 weights" at the
 // top) 64-wide chunks (2 KB per tile).
-// PRE (plain one-tile NVFP4 only; a harness experiment): before griddepcontrol.wait the warp
-// decodes its first step into shared memory, shifts its register stages down by one and
-// loads step U into the freed one (U + 1 steps ready at the release), then runs step 0 from
-// the decoded fragments and the rest as the other variants.
-template <int NT, bool SILU, int U, XSrc XS, bool PAIR, bool BW, bool PRE = false>
+template <int NT, bool SILU, int U, XSrc XS, bool PAIR, bool BW>
 __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
-    static_assert(!PRE || (NT == 1 && !SILU && !PAIR && !BW && XS != XSrc::Norm), "PRE: plain one-tile NVFP4");
     static_assert(XS != XSrc::Staged || (NT == 1 && !SILU && !PAIR), "the staged kernels are plain, one tile");
     static_assert(!BW || XS != XSrc::Norm, "no norm prologue on BF16 weights");
     constexpr bool NORM = XS == XSrc::Norm;
@@ -518,24 +476,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
         if (u < np) load(st[u], u);
-    // NVFP4: the warp's last pair has one chunk when it ends an odd K / 64. BW: one chunk
-    // per step.
-    const int full0 = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
-    const bool pre = PRE && np > 0;  // step 0 decoded into shared memory before the wait
-    uint4* dec = nullptr;            // PRE: this warp's two decoded chunks, [2][4 × 32]
-    if constexpr (PRE) {
-        __shared__ uint4 pre_dec[MAX_WARPS][2][4 * 32];
-        dec = pre_dec[warp][0];
-        if (pre) {
-            decode_chunk_to(st[0], 0, dec);
-            if (0 < full0) decode_chunk_to(st[0], 1, dec + 4 * 32);
-#pragma unroll
-            for (int u = 0; u + 1 < U; ++u) st[u] = st[u + 1];
-            if (U < np) load(st[U - 1], U);
-            wp[0] += 1024;
-            sp[0] += 32;
-        }
-    }
     uint4 nw0 = make_uint4(0, 0, 0, 0);
     if constexpr (NORM) {
         if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
@@ -562,7 +502,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         extern __shared__ __align__(16) unsigned char pgemv_dyn[];
         __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
         const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
-        const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * (U + (PRE ? 1 : 0)), c1);
+        const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * U, c1);
         stage_x_cols(p, xs, len + 8, k0, c0, cu);
         stage_x_cols(p, xs, len + 8, k0, cu, c1);
         cfp4::cp_async_wait_group<1>();
@@ -612,16 +552,9 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         for (int j = 0; j < NT; ++j) xr[j] += U * STEP;
     };
 
-    // Steps left for the loop (PRE: step 0 ran from its predecoded fragments).
-    const int full = pre ? full0 - 1 : full0;
-    const int nl = pre ? np - 1 : np;
-    if constexpr (PRE) {
-        if (pre) {
-            compute_decoded<NT, SILU, PAIR, XS != XSrc::Global>(acc, dec, xr, 0);
-            if (0 < full0) compute_decoded<NT, SILU, PAIR, XS != XSrc::Global>(acc, dec + 4 * 32, xr, 64);
-            for (int j = 0; j < NT; ++j) xr[j] += STEP;
-        }
-    }
+    // NVFP4: the warp's last pair has one chunk when it ends an odd K / 64. BW: one chunk
+    // per step.
+    const int full = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
     int i0 = 0;
     // Staged: x past the first U steps (the second cp.async group) before they are read.
     auto staged_rest = [&]() {
@@ -630,20 +563,20 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
             __syncwarp();
         }
     };
-    for (; i0 + U <= nl; i0 += U) {
+    for (; i0 + U <= np; i0 += U) {
         if (i0 == U) staged_rest();
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             compute(st[u], 0, STEP * u);
             if (i0 + u < full) compute(st[u], 1, STEP * u + 64);
-            if (i0 + u + U < nl) load(st[u], u + U);
+            if (i0 + u + U < np) load(st[u], u + U);
         }
         advance();
     }
     staged_rest();
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
-        if (i0 + u < nl) {
+        if (i0 + u < np) {
             compute(st[u], 0, STEP * u);
             if (i0 + u < full) compute(st[u], 1, STEP * u + 64);
         }
@@ -670,11 +603,6 @@ constexpr int pgemv_min_blocks(int nt, bool silu) { return nt * (silu ? 2 : 1) >
 #define CFP4_PGEMV_PAIR(U, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
         pgemv<1, false, U, XSrc::Global, true, false>(p);                                                         \
-    }
-// Plain one-tile NVFP4 with step 0 decoded before the PDL wait (PRE; harness builds only).
-#define CFP4_PGEMV_PRE(U, XS, NAME)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 2) NAME(const __grid_constant__ PackedGemvParams p) { \
-        pgemv<1, false, U, XSrc::XS, false, false, true>(p);                                               \
     }
 // BF16 weights (natural [N, K] layout): PAIR true for two row tiles per group (plain).
 #define CFP4_PGEMV_BW(NT, SILU, PAIR, U, XS, NAME)                                                         \

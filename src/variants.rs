@@ -71,19 +71,6 @@ pub const PGEMV_NORM_KERNELS: [(usize, bool, usize); 2] = [(1, false, 3), (1, tr
 /// 8B q|k|v (384 CTAs, 3 per SM).
 pub const PGEMV_STAGED_U: [usize; 2] = [3, 5];
 
-/// Pairs in flight of the predecoded twins of the plain one-tile packed-NVFP4 kernels
-/// (`kernels/gemv_packed.cu`, PRE: step 0 decoded into shared memory before the PDL wait,
-/// U + 1 steps ready at the release), for both the plain and the staged kernel. An A/B of
-/// the decode step (`GemvKnobs::predecode`; docs/benchmarks.md, thirty-fourth session).
-pub const PGEMV_PRE_U: [usize; 2] = [3, 5];
-
-/// Name of the predecoded twin of the plain (or, `staged`, the staged) one-tile
-/// packed-NVFP4 kernel of depth `u`.
-pub fn pgemv_pre_kernel_name(staged: bool, u: usize) -> String {
-    let tag = if staged { "fp4prexs" } else { "fp4pre" };
-    format!("cfp4_pgemv_{tag}_nt1_u{u}")
-}
-
 /// Name of the packed-NVFP4 staged kernel (x of the CTA's K slice in shared memory).
 pub fn pgemv_staged_kernel_name(u: usize) -> String {
     format!("cfp4_pgemv_fp4xs_nt1_u{u}")
@@ -305,12 +292,6 @@ pub fn pgemv_instances() -> String {
     for u in PGEMV_STAGED_U {
         let name = pgemv_staged_kernel_name(u);
         s += &format!("CFP4_PGEMV(1, false, {u}, Staged, {name})\n");
-    }
-    for u in PGEMV_PRE_U {
-        for (staged, xs) in [(false, "Global"), (true, "Staged")] {
-            let name = pgemv_pre_kernel_name(staged, u);
-            s += &format!("CFP4_PGEMV_PRE({u}, {xs}, {name})\n");
-        }
     }
     s += &format!(
         "CFP4_PGEMV_PAIR({PGEMV_PAIR_U}, {})\n",

@@ -25,8 +25,8 @@ use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::{swizzle_blockscale_bytes, swizzled_shape};
 use candle_fp4::variants::{
     pgemv_bw_kernel_name, pgemv_instances, pgemv_kernel_name, pgemv_norm_kernel_name,
-    pgemv_pair_kernel_name, pgemv_pre_kernel_name, pgemv_staged_kernel_name, BwKind,
-    PGEMV_BW_KERNELS, PGEMV_KERNELS, PGEMV_NORM_KERNELS, PGEMV_PAIR_U, PGEMV_PRE_U, PGEMV_STAGED_U,
+    pgemv_pair_kernel_name, pgemv_staged_kernel_name, BwKind, PGEMV_BW_KERNELS, PGEMV_KERNELS,
+    PGEMV_NORM_KERNELS, PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -133,7 +133,6 @@ fn kernel(kind: Kind) -> (String, bool) {
         Kind::Silu { nt, u } => (pgemv_kernel_name(true, nt, u), true),
         Kind::Pair => (pgemv_pair_kernel_name(PGEMV_PAIR_U), true),
         Kind::Staged { u } => (pgemv_staged_kernel_name(u), false),
-        Kind::Pre { u, staged } => (pgemv_pre_kernel_name(staged, u), false),
         Kind::Norm { silu } => (pgemv_norm_kernel_name(silu, 1, 3), silu),
         Kind::Bw { kind, u } => (
             pgemv_bw_kernel_name(kind, u),
@@ -209,9 +208,7 @@ fn write_case(dir: &Path, i: usize, c: &Case, inp: &Inputs) -> String {
     let n_out = if silu { c.n / 2 } else { c.n };
     let smem = match c.kind {
         Kind::Norm { .. } => c.m * (c.k + 8) * 2,
-        Kind::Staged { .. } | Kind::Pre { staged: true, .. } => {
-            c.m * (staged_slice_k(c.k, l.npairs, c.split) + 8) * 2
-        }
+        Kind::Staged { .. } => c.m * (staged_slice_k(c.k, l.npairs, c.split) + 8) * 2,
         Kind::Bw {
             kind: BwKind::Staged,
             ..
@@ -349,9 +346,6 @@ fn registry() -> String {
             .map(|&(nt, silu, u)| pgemv_norm_kernel_name(silu, nt, u)),
     );
     names.extend(PGEMV_STAGED_U.iter().map(|&u| pgemv_staged_kernel_name(u)));
-    for u in PGEMV_PRE_U {
-        names.extend([false, true].map(|staged| pgemv_pre_kernel_name(staged, u)));
-    }
     names.push(pgemv_pair_kernel_name(PGEMV_PAIR_U));
     names.extend(
         PGEMV_BW_KERNELS

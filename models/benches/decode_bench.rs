@@ -99,9 +99,6 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
             // kernel over their natural layout (an A/B in one binary).
             gemv: candle_fp4::knobs::GemvKnobs {
                 bf16_legacy: std::env::var_os("CFP4_DECODE_BF16_LEGACY").is_some(),
-                // CFP4_DECODE_PREDECODE=1: the plain one-tile packed NVFP4 kernels' predecoded
-                // twins (step 0 decoded before the PDL wait).
-                predecode: std::env::var_os("CFP4_DECODE_PREDECODE").is_some(),
                 ..candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl)
             },
             attention: attn_knobs()?,

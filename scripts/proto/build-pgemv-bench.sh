@@ -21,11 +21,6 @@ inc=$(mktemp -d)
     echo "CFP4_PGEMV(1, false, 3, Staged, cfp4_pgemv_fp4xs_nt1_u3)"
     echo "CFP4_PGEMV(1, false, ${DEEP_U:-5}, Staged, cfp4_pgemv_fp4xs_nt1_deep)"
     echo "CFP4_PGEMV_PAIR(3, cfp4_pgemv_fp4pair_nt1_u3)"
-    # The predecoded twins of the plain one-tile kernels (CFP4_PGEMV_PRE=1; harness only).
-    echo "CFP4_PGEMV_PRE(3, Global, cfp4_pgemv_fp4pre_nt1_u3)"
-    echo "CFP4_PGEMV_PRE(${DEEP_U:-5}, Global, cfp4_pgemv_fp4pre_nt1_deep)"
-    echo "CFP4_PGEMV_PRE(3, Staged, cfp4_pgemv_fp4prexs_nt1_u3)"
-    echo "CFP4_PGEMV_PRE(${DEEP_U:-5}, Staged, cfp4_pgemv_fp4prexs_nt1_deep)"
     echo "#endif"
 } > "$inc/gemv_packed_instances.inc"
 for nt in 1 2 4; do

@@ -29,7 +29,6 @@
 PG(cfp4_pgemv_fp4_nt1_u3) PG(cfp4_pgemv_fp4_nt1_u5) PG(cfp4_pgemv_fp4_nt1_deep) PG(cfp4_pgemv_fp4pair_nt1_u3) PG(cfp4_pgemv_fp4silu_nt1_u3) PG(cfp4_pgemv_fp4_nt2_u3)
 PG(cfp4_pgemv_fp4silu_nt2_u2) PG(cfp4_pgemv_fp4_nt4_u2) PG(cfp4_pgemv_fp4silu_nt4_u2)
 PG(cfp4_pgemv_fp4xs_nt1_u3) PG(cfp4_pgemv_fp4xs_nt1_deep)
-PG(cfp4_pgemv_fp4pre_nt1_u3) PG(cfp4_pgemv_fp4pre_nt1_deep) PG(cfp4_pgemv_fp4prexs_nt1_u3) PG(cfp4_pgemv_fp4prexs_nt1_deep)
 #define OG(NAME) extern "C" __global__ void NAME(const __grid_constant__ GemvParams p);
 OG(cfp4_gemv_fp4_nt1_s1) OG(cfp4_gemv_fp4silu_nt1_s1) OG(cfp4_gemv_fp4_nt2_s1) OG(cfp4_gemv_fp4silu_nt2_s1)
 OG(cfp4_gemv_fp4_nt4_s1) OG(cfp4_gemv_fp4silu_nt4_s1)
@@ -311,14 +310,6 @@ static Plan plan_shape(const Shape& s, const Layer& L, int m, bool nopair, bool 
             xs_smem = need;
         }
     }
-    // CFP4_PGEMV_PRE=1: the plain one-tile kernels' predecoded twins (step 0 decoded into
-    // shared memory before the PDL wait), same geometry.
-    if (getenv("CFP4_PGEMV_PRE")) {
-        if (kfn == cfp4_pgemv_fp4_nt1_u3) kfn = cfp4_pgemv_fp4pre_nt1_u3;
-        else if (kfn == cfp4_pgemv_fp4_nt1_deep) kfn = cfp4_pgemv_fp4pre_nt1_deep;
-        else if (kfn == cfp4_pgemv_fp4xs_nt1_u3) kfn = cfp4_pgemv_fp4prexs_nt1_u3;
-        else if (kfn == cfp4_pgemv_fp4xs_nt1_deep) kfn = cfp4_pgemv_fp4prexs_nt1_deep;
-    }
     return Plan{kfn, nt, groups, warps, split, pair, deep, xs_smem};
 }
 
@@ -467,8 +458,7 @@ int main(int argc, char** argv) {
     const bool nostage = getenv("CFP4_PGEMV_NOSTAGE") != nullptr;
     int smem_optin = 0;
     CK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    for (PgFn f : {cfp4_pgemv_fp4xs_nt1_u3, cfp4_pgemv_fp4xs_nt1_deep, cfp4_pgemv_fp4prexs_nt1_u3,
-                   cfp4_pgemv_fp4prexs_nt1_deep}) {
+    for (PgFn f : {cfp4_pgemv_fp4xs_nt1_u3, cfp4_pgemv_fp4xs_nt1_deep}) {
         cudaFuncAttributes fa{};
         CK(cudaFuncGetAttributes(&fa, (const void*)f));
         CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));

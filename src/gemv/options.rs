@@ -33,10 +33,6 @@ pub struct GemvKnobs {
     /// BF16 weights at one token tile: the ModelOpt-layout GEMV (`kernels/gemv.cu`) instead
     /// of the packed kernel over the natural layout (an A/B for benchmarks).
     pub bf16_legacy: bool,
-    /// The plain one-tile packed NVFP4 kernels' predecoded twins (step 0 decoded into
-    /// shared memory before the PDL wait, U + 1 steps ready at the release): an A/B for the
-    /// decode step, off by default until measured there (thirty-fourth session).
-    pub predecode: bool,
 }
 
 impl GemvKnobs {

@@ -59,7 +59,7 @@ impl Plans {
     }
 
     /// [`new`](Self::new) with the launch knobs `knobs`: PDL, the kernel image and the
-    /// kernel and geometry A/B switches (`bf16_legacy`, `predecode`). The token tile
+    /// kernel and geometry A/B switches (`bf16_legacy`). The token tile
     /// and the split come from the device's table, not from `knobs`.
     pub(crate) fn with_knobs(
         device: &Device,
@@ -207,15 +207,7 @@ fn make_choice(
         (Device::Cuda(d), Some(nt), Weight::Packed(p)) => {
             // The packed kernel's tiles are the same list's first entries (1, 2, 4).
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
-            let plan = crate::gemv::packed::cuda::plan(
-                d,
-                p.layout(),
-                silu,
-                nt,
-                opts.pdl,
-                sm80,
-                opts.predecode,
-            )?;
+            let plan = crate::gemv::packed::cuda::plan(d, p.layout(), silu, nt, opts.pdl, sm80)?;
             Ok(Choice::Packed(Arc::new(plan)))
         }
         (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {

@@ -17,11 +17,6 @@ pub enum Kind {
     Staged {
         u: usize,
     },
-    /// The predecoded twin of the plain (or staged) one-tile kernel.
-    Pre {
-        u: usize,
-        staged: bool,
-    },
     Norm {
         silu: bool,
     },
@@ -120,44 +115,6 @@ pub fn cases() -> Vec<Case> {
             kind: Kind::Staged { u: 5 },
             n: 32,
             k: 1088,
-            warps: 2,
-            ..base.clone()
-        },
-        // Predecoded twins: runs longer and shorter than U + 1 steps, a one-chunk last
-        // pair (K / 64 odd), a split, an empty warp.
-        Case {
-            kind: Kind::Pre {
-                u: 3,
-                staged: false,
-            },
-            n: 80,
-            k: 1088,
-            warps: 2,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Pre {
-                u: 5,
-                staged: false,
-            },
-            n: 48,
-            k: 960,
-            warps: 3,
-            split: 2,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Pre { u: 3, staged: true },
-            n: 64,
-            k: 640,
-            warps: 4,
-            split: 2,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Pre { u: 5, staged: true },
-            n: 40,
-            k: 1856,
             warps: 2,
             ..base.clone()
         },

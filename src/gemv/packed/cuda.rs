@@ -13,8 +13,8 @@ use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
 use crate::kernel_params::PackedGemvParams;
 use crate::layout::contiguous_range;
 use crate::variants::{
-    pgemv_depths, pgemv_kernel_name, pgemv_pair_kernel_name, pgemv_pre_kernel_name,
-    pgemv_staged_kernel_name, PGEMV_NTS, PGEMV_PAIR_U, PGEMV_PRE_U, PGEMV_STAGED_U,
+    pgemv_depths, pgemv_kernel_name, pgemv_pair_kernel_name, pgemv_staged_kernel_name, PGEMV_NTS,
+    PGEMV_PAIR_U, PGEMV_STAGED_U,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -123,8 +123,7 @@ pub(super) fn grid_and_workspace(
 
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
 /// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
-/// device's image; `predecode`: the plain one-tile kernels' predecoded twins
-/// (`GemvKnobs::predecode`, an A/B).
+/// device's image.
 pub(crate) fn plan(
     dev: &CudaDevice,
     l: &PackedLayout,
@@ -132,7 +131,6 @@ pub(crate) fn plan(
     nt: usize,
     pdl: bool,
     sm80: bool,
-    predecode: bool,
 ) -> Result<PackedPlan> {
     if !PGEMV_NTS.contains(&nt) {
         bail!("packed NVFP4 GEMV: token tile {nt} is not one of {PGEMV_NTS:?}");
@@ -156,12 +154,7 @@ pub(crate) fn plan(
     let depths = pgemv_depths(nt, silu_mul);
     let mut chosen = None;
     for (i, &u) in depths.iter().enumerate() {
-        let pre = predecode && !silu_mul && nt == 1 && PGEMV_PRE_U.contains(&u);
-        let name = if pre {
-            pgemv_pre_kernel_name(false, u)
-        } else {
-            pgemv_kernel_name(silu_mul, nt, u)
-        };
+        let name = pgemv_kernel_name(silu_mul, nt, u);
         let (f, _) = loaded.function(&name)?;
         let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(groups, l.npairs, fa.sms, &occ);
@@ -179,7 +172,7 @@ pub(crate) fn plan(
         p.staged = plan_staged(
             &loaded,
             l,
-            (u, predecode && PGEMV_PRE_U.contains(&u)),
+            u,
             warps,
             split,
             groups * split,
@@ -190,8 +183,8 @@ pub(crate) fn plan(
     Ok(p)
 }
 
-/// The staged twin of a plain one-tile plan of depth `u` (`pre`: its predecoded twin) and
-/// geometry `(warps, split)` over `ctas` CTAs: allows the kernel all the shared memory a CTA may have, then serves
+/// The staged twin of a plain one-tile plan of depth `u` and geometry `(warps, split)`
+/// over `ctas` CTAs: allows the kernel all the shared memory a CTA may have, then serves
 /// as many tokens as fit in what the device leaves each CTA when `ceil(ctas / sms)` of
 /// them share an SM (the plan's occupancy). `None` when no staged kernel has depth `u` or
 /// not even one token fits.
@@ -199,7 +192,7 @@ pub(crate) fn plan(
 fn plan_staged(
     loaded: &crate::cuda::Loaded,
     l: &PackedLayout,
-    (u, pre): (usize, bool),
+    u: usize,
     warps: usize,
     split: usize,
     ctas: usize,
@@ -209,11 +202,7 @@ fn plan_staged(
     if !PGEMV_STAGED_U.contains(&u) {
         return Ok(None);
     }
-    let name = if pre {
-        pgemv_pre_kernel_name(true, u)
-    } else {
-        pgemv_staged_kernel_name(u)
-    };
+    let name = pgemv_staged_kernel_name(u);
     let (f, _) = loaded.function(&name)?;
     let fixed = f
         .shared_size_bytes()

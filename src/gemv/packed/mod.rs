@@ -352,7 +352,6 @@ impl CustomOp3 for PackedGemv {
                     nt,
                     self.pdl,
                     false,
-                    false,
                 )?;
                 cuda::forward(&p, self.global_scale, s1, l1, s2, l2, s3, l3)
             }
@@ -434,7 +433,6 @@ impl PackedNvfp4 {
                 nt,
                 pdl,
                 image == KernelImage::Sm80,
-                false,
             )?;
             return Ok(PackedGemvPlan {
                 silu_mul,
