@@ -206,6 +206,7 @@ fn make_choice(
     match (device, nt, weight) {
         (Device::Cuda(d), Some(nt), Weight::Packed(p)) => {
             // The packed kernel's tiles are the same list's first entries (1, 2, 4).
+            p.check_image("QuantLinear", opts.image)?;
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
             let plan = crate::gemv::packed::cuda::plan(d, p.layout(), silu, nt, opts.pdl, sm80)?;
             Ok(Choice::Packed(Arc::new(plan)))

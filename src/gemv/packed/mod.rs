@@ -132,6 +132,15 @@ impl PackedNvfp4 {
         self.hw
     }
 
+    /// Checks that kernel image `image` reads this weight's nibble order (`op` names the
+    /// caller in the error): the sm_80 image cannot read a weight packed for sm_100a.
+    pub fn check_image(&self, op: &str, image: KernelImage) -> Result<()> {
+        if image == KernelImage::Sm80 && self.hw {
+            bail!("{op}: this weight is packed in the sm_100a nibble order, the sm_80 image reads the other");
+        }
+        Ok(())
+    }
+
     /// The layout.
     pub fn layout(&self) -> &PackedLayout {
         &self.layout
@@ -420,9 +429,7 @@ impl PackedNvfp4 {
         if max_m == 0 || max_m > MAX_M {
             bail!("PackedNvfp4::plan: max_m = {max_m} is outside 1..={MAX_M}");
         }
-        if image == KernelImage::Sm80 && self.hw {
-            bail!("PackedNvfp4::plan: this weight is packed in the sm_100a nibble order, the sm_80 image reads the other");
-        }
+        self.check_image("PackedNvfp4::plan", image)?;
         #[cfg(feature = "cuda")]
         if let candle_core::Device::Cuda(d) = self.device() {
             let nt = cuda::tile_for(max_m);
@@ -518,4 +525,33 @@ pub(crate) fn packed_gemv_with(x: &Tensor, w: &PackedNvfp4, op: PackedGemv) -> R
         bail!("{OP}: x and the weight are on different devices");
     }
     x.apply_op3_no_bwd(&w.codes, &w.scales, &op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The sm_80 image reads only the software nibble order: a weight packed for sm_100a
+    /// (the hardware convert's order) is refused for it, whichever caller plans it
+    /// (`PackedNvfp4::plan`, a `QuantLinear` with the image knob), and accepted for the
+    /// device's own image.
+    #[test]
+    fn sm80_image_refuses_the_sm100_order() -> Result<()> {
+        let (n, k) = (16, 64);
+        let codes = Tensor::zeros((n, k / 2), DType::U8, &Device::Cpu)?;
+        let scales = Tensor::zeros(swizzled_shape(n, k / 16), DType::U8, &Device::Cpu)?;
+        let mut w = PackedNvfp4::pack(&codes, &scales, 1.0)?;
+        assert!(!w.hw_order(), "a CPU pack uses the software order");
+        w.check_image("test", KernelImage::Sm80)?;
+        w.check_image("test", KernelImage::Auto)?;
+        w.hw = true;
+        assert!(w.check_image("test", KernelImage::Sm80).is_err());
+        w.check_image("test", KernelImage::Auto)?;
+        w.plan(false, 1, false)?;
+        assert!(w
+            .plan_with_image(false, 1, false, KernelImage::Sm80)
+            .is_err());
+        Ok(())
+    }
 }
