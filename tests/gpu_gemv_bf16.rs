@@ -22,6 +22,14 @@ fn weight(n: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
     Tensor::from_vec(v, (n, k), &Device::Cpu)?.to_dtype(DType::BF16)
 }
 
+/// x · wᵀ in FP64, rounded to F32 (the reference before the epilogue).
+fn reference(x: &Tensor, w: &Tensor) -> R<Vec<Vec<f32>>> {
+    x.to_dtype(DType::F64)?
+        .matmul(&w.to_dtype(DType::F64)?.t()?)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()
+}
+
 /// Runs every `m` and epilogue on an `[n, k]` weight; returns the kernels the plans chose.
 fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<Vec<String>> {
     let dev = gpu();
@@ -32,11 +40,7 @@ fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<Vec<Str
     for &m in ms {
         let x = rand_x(m, k, &mut rng)?;
         let xg = x.to_device(&dev)?;
-        let pre = x
-            .to_dtype(DType::F64)?
-            .matmul(&w.to_dtype(DType::F64)?.t()?)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
+        let pre = reference(&x, &w)?;
         let absd = abs_dot(&xg, &wg, 1.0)?;
         for &silu in silus {
             for pdl in [false, true] {
@@ -116,11 +120,7 @@ fn gemv_knobs_reach_the_layer() -> R<()> {
     let mut rng = StdRng::seed_from_u64(21);
     let w = weight(n, k, &mut rng)?;
     let x = rand_x(1, k, &mut rng)?;
-    let pre = x
-        .to_dtype(DType::F64)?
-        .matmul(&w.to_dtype(DType::F64)?.t()?)?
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()?;
+    let pre = reference(&x, &w)?;
     let (xg, wg) = (x.to_device(&dev)?, w.to_device(&dev)?);
     let absd = abs_dot(&xg, &wg, 1.0)?;
     let mut q = QuantLinear::from_bf16(wg, None)?;

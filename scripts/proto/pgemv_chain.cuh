@@ -23,11 +23,7 @@ struct ChainLayer {
 // One line per kernel of the chain's last iteration: times in µs from the first entry of the
 // chain's first GEMV; "after prev" columns from the last warp end of the GEMV before it.
 static void chain_report(const std::vector<ChainLayer>& ch, const std::vector<unsigned long long>& h, size_t stride) {
-    auto pct = [](std::vector<double> v, double q) {
-        if (v.empty()) return 0.0;
-        std::sort(v.begin(), v.end());
-        return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
-    };
+    const auto pct = tl_pct;
     unsigned long long t0 = ~0ull;
     for (size_t r = 0; r < stride; ++r)
         if (h[r * 6] && h[r * 6 + 4]) t0 = std::min(t0, h[r * 6]);

@@ -12,6 +12,13 @@
 void cfp4_pgemv_set_timeline(unsigned long long* p);
 void cfp4_pgemv_set_timeline_keys(const void* const* keys, int n, unsigned long long stride);
 
+// The q-quantile (0..1, nearest rank) of v; 0 when v is empty.
+static double tl_pct(std::vector<double> v, double q) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
+}
+
 struct Timeline {
     unsigned long long* dev = nullptr;
     size_t recs = 0;
@@ -54,11 +61,7 @@ struct Timeline {
             if (it == sm.end()) sm[s[5]] = {s[0], s[4]};
             else it->second = {std::min(it->second.first, s[0]), std::max(it->second.second, s[4])};
         }
-        auto pct = [](std::vector<double> v, double q) {
-            if (v.empty()) return 0.0;
-            std::sort(v.begin(), v.end());
-            return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
-        };
+        const auto pct = tl_pct;
         std::vector<double> smend;
         double busy = 0;
         for (auto& kv : sm) {

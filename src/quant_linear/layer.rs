@@ -172,7 +172,7 @@ impl QuantLinear {
     }
 
     /// Re-plans the GEMV launches with the launch knobs `knobs` (PDL, kernel image, the
-    /// benchmarks' kernel and geometry A/B switches); the token tile and split stay the
+    /// benchmarks' kernel A/B switch); the token tile and split stay the
     /// device table's. Applied at load; the result is unchanged.
     #[doc(hidden)]
     pub fn set_gemv_knobs(&mut self, knobs: &GemvKnobs) -> Result<()> {

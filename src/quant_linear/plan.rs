@@ -59,8 +59,8 @@ impl Plans {
     }
 
     /// [`new`](Self::new) with the launch knobs `knobs`: PDL, the kernel image and the
-    /// kernel and geometry A/B switches (`bf16_legacy`). The token tile
-    /// and the split come from the device's table, not from `knobs`.
+    /// kernel A/B switch (`bf16_legacy`). The token tile and the split come from the
+    /// device's table, not from `knobs`.
     pub(crate) fn with_knobs(
         device: &Device,
         n: usize,

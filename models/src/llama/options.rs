@@ -38,7 +38,7 @@ pub struct LoadOptions {
     /// runs the same step eagerly, kernel by kernel.
     pub cuda_graph: bool,
     /// The launch knobs of the benchmarks (hidden; the default is the measured choice): the
-    /// GEMVs' (`knobs.gemv`: PDL, on by default, and the kernel and geometry A/B switches,
+    /// GEMVs' (`knobs.gemv`: PDL, on by default, and the kernel A/B switch,
     /// applied to every layer by `QuantLinear::set_gemv_knobs`; a model's layers take their
     /// tiles and splits from the device's table, not from `knobs.gemv`) and the decode
     /// attention's launch knobs (`knobs.attention`).
