@@ -1,9 +1,10 @@
 // gemv_common.cuh: device helpers shared by the GEMV kernels (gemv.cu, gemv_packed.cu):
-// programmatic dependent launch (pdl.cuh), streaming loads that skip L1, the bf16 tensor-core MMA,
-// shared-memory loads, cp.async and the bf16x2 pack.
+// programmatic dependent launch (pdl.cuh), cp.async (cp_async.cuh), streaming loads that skip L1,
+// the bf16 tensor-core MMA, shared-memory loads and the bf16x2 pack.
 #pragma once
 #include <stdint.h>
 
+#include "cp_async.cuh"
 #include "pdl.cuh"
 
 namespace cfp4 {
@@ -45,24 +46,6 @@ __device__ __forceinline__ uint4 ld_shared_v4(const void* p) {
     const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
     return v;
-}
-
-// 16 bytes global -> shared, asynchronously (cp.async.cg: through L2 only).
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
-}
-
-// Waits for every cp.async of this thread.
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Closes this thread's current group of cp.async copies.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits until at most N of this thread's committed cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // bf16x2 {lo, hi} of two f32, each rounded to nearest (cvt.rn.bf16x2.f32, sm_80+).

@@ -262,7 +262,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
         const int nx = it + C::NSTAGE - 1;
         if (nx < cnt) issue(stages + (nx % C::NSTAGE) * C::STAGE, nx);
         cp_async_commit();
-        cp_async_wait<C::NSTAGE - 1>();
+        cp_async_wait_group<C::NSTAGE - 1>();
         __syncwarp();
         uint8_t* buf = stages + (it % C::NSTAGE) * C::STAGE;
         const int tb0 = t0 + TT * (warp + it * C::NW);
@@ -464,7 +464,7 @@ __device__ __forceinline__ void attn_body(const KvAttnParams& p) {
                                static_cast<const __nv_bfloat16*>(p.sin) + pos * HALF, slot, p.store_c, lane);
         }
     }
-    cp_async_wait<0>();
+    cp_async_wait_group<0>();
     __syncthreads();  // every warp is done with the stage buffers (reused below)
 
     // ---- merge the warps

@@ -125,7 +125,7 @@ __device__ __forceinline__ void load_tile(uint8_t* buf, const uint8_t* kb, const
             src = (isv ? vb : kb) + idx * (2 * D) + 16 * kk;
             dst = buf + i * C::SROW + (isv ? 2 * D : 0) + 16 * kk;
         }
-        cp_async16(dst, ok ? src : kb, ok ? 16u : 0u);
+        cp_async_16_zfill(dst, ok ? src : kb, ok ? 16u : 0u);
     }
 }
 
@@ -169,8 +169,8 @@ struct StageCopy {
         const uint8_t* s = first + src_main;
         uint8_t* d = buf + dst_main;
 #pragma unroll
-        for (int m = 0; m < LPR; ++m) cp_async16(d + m * RPI * C::SROW, s + size_t(m) * stride, 16u);
-        cp_async16(buf + lane * C::SROW + 16 * LPR, first + src_rest, 16u);
+        for (int m = 0; m < LPR; ++m) cp_async_16_zfill(d + m * RPI * C::SROW, s + size_t(m) * stride, 16u);
+        cp_async_16_zfill(buf + lane * C::SROW + 16 * LPR, first + src_rest, 16u);
     }
 };
 

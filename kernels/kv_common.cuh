@@ -1,27 +1,26 @@
-// kv_common.cuh: what the KV-cache kernels (ultraquant.cu, kv_attention.cu) share: PDL,
-// constants, and every inline-asm wrapper (the PTX section, which the host emulation in
-// tests/kv_cache_emu replaces with its own).
+// kv_common.cuh: what the KV-cache kernels (ultraquant.cu, kv_attention.cu) share: PDL and
+// cp.async (pdl.cuh, cp_async.cuh, shared with the GEMVs), constants, and their other
+// inline-asm wrappers (the PTX section, which the host emulation in tests/kv_cache_emu
+// replaces with its own).
 #pragma once
 #include <stdint.h>
 #include <cuda_bf16.h>
+#include "cp_async.cuh"
+#include "pdl.cuh"
 
 namespace {
 
 constexpr unsigned FULL = 0xffffffffu;
 
-// Programmatic dependent launch (sm_90+; no-ops in the sm_80 image). Every attention and
-// combine CTA waits before its first global access, so a PDL launch only overlaps the
-// launch and the register/shared setup with the previous kernel's tail.
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (pdl.cuh; sm_90+, no-ops in the sm_80 image). Every
+// attention and combine CTA waits before its first global access, so a PDL launch only
+// overlaps the launch and the register/shared setup with the previous kernel's tail.
+using cfp4::griddep_launch_dependents;
+using cfp4::griddep_wait;
+// cp.async (cp_async.cuh): the slot pipeline's copies, zero-filled past a sequence's end.
+using cfp4::cp_async_16_zfill;
+using cfp4::cp_async_commit;
+using cfp4::cp_async_wait_group;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -39,11 +38,6 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16-byte global -> shared copy; src_bytes = 0 zero-fills without reading.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t src_bytes) {
-    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(src_bytes) : "memory");
-}
 // x, opaque to the compiler: a loop-invariant it can no longer rematerialize inside the
 // loop from the thread index (it did, at 40 instructions per iteration).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
@@ -71,12 +65,6 @@ __device__ __forceinline__ float ex2_ftz(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Bytes of dynamic shared memory this launch has.
 __device__ __forceinline__ uint32_t dynamic_smem_size() {
     uint32_t dyn;

@@ -1,6 +1,5 @@
-// pdl.cuh: programmatic dependent launch for the kernels outside the KV cache (GEMVs,
-// RMSNorm, greedy argmax); kv_common.cuh keeps its own copy inside the section the host
-// emulation of the KV kernels replaces.
+// pdl.cuh: programmatic dependent launch for every kernel family (GEMVs, RMSNorm, greedy
+// argmax, and the KV-cache kernels through kv_common.cuh).
 #pragma once
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -362,7 +362,7 @@ fn registry() -> String {
 #[ignore = "a C++ build of every packed GEMV variant, about a minute; run with --ignored"]
 fn packed_gemv_kernels_match_cpu_under_emulation() {
     let Some(cxx) = emu_common::cxx() else { return };
-    let files: [(&str, &str); 12] = [
+    let files: [(&str, &str); 11] = [
         ("gemv_packed_emu.cu", &emulated_source()),
         ("gemv_packed_instances.inc", &pgemv_instances()),
         ("registry.inc", &registry()),
@@ -374,7 +374,6 @@ fn packed_gemv_kernels_match_cpu_under_emulation() {
             "gemv_common.cuh",
             include_str!("../kernels/gemv_common.cuh"),
         ),
-        ("pdl.cuh", include_str!("../kernels/pdl.cuh")),
         (
             "gemv_packed_timeline.cuh",
             include_str!("../kernels/gemv_packed_timeline.cuh"),

@@ -50,14 +50,13 @@ fn read_bf16(p: &Path) -> Vec<bf16> {
 #[ignore = "a C++ build of the norm kernel under emulation; run with --ignored"]
 fn add_rmsnorm_matches_cpu_under_emulation() {
     let Some(cxx) = emu_common::cxx() else { return };
-    let files: [(&str, &str); 6] = [
+    let files: [(&str, &str); 5] = [
         ("rmsnorm_emu.cu", include_str!("../kernels/rmsnorm.cu")),
         ("rmsnorm.cuh", include_str!("../kernels/rmsnorm.cuh")),
         (
             "l2_prefetch.cuh",
             include_str!("../kernels/l2_prefetch.cuh"),
         ),
-        ("pdl.cuh", include_str!("../kernels/pdl.cuh")),
         (
             "rmsnorm_math.cuh",
             include_str!("../kernels/rmsnorm_math.cuh"),

@@ -1,7 +1,8 @@
 //! The host emulation's build and run, shared by `tests/kv_cache_emu.rs` and
 //! `tests/gemv_packed_emu.rs`: each writes its kernel sources, harness and cases into a
-//! folder; this writes `emu.h` (and the fake `cuda_bf16.h`), compiles `harness.cpp` there
-//! with the C++ compiler (`$CXX`, else `c++`) and runs it.
+//! folder; this writes `emu.h` (and the fake `cuda_bf16.h`, `cp_async_emu.h`, and the
+//! kernels' shared `cp_async.cuh` and `pdl.cuh`), compiles `harness.cpp` there with the C++
+//! compiler (`$CXX`, else `c++`) and runs it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,6 +36,14 @@ pub fn work_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
 pub fn build_and_run(cxx: &str, dir: &Path, includes: &[&str]) -> String {
     std::fs::create_dir_all(dir.join("inc")).unwrap();
     std::fs::write(dir.join("emu.h"), include_str!("../kv_cache_emu/emu.h")).unwrap();
+    std::fs::write(dir.join("cp_async_emu.h"), include_str!("cp_async_emu.h")).unwrap();
+    // The kernels' shared headers, which their sources include.
+    std::fs::write(
+        dir.join("cp_async.cuh"),
+        include_str!("../../kernels/cp_async.cuh"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("pdl.cuh"), include_str!("../../kernels/pdl.cuh")).unwrap();
     std::fs::write(
         dir.join("inc/cuda_bf16.h"),
         include_str!("../kv_cache_emu/cuda_bf16.h"),

@@ -3,8 +3,9 @@
 // __syncthreads and the warp collectives (shuffles, vote, mma); the PTX wrappers of the .cu
 // (its "PTX wrappers" section is cut out) re-implemented from their PTX semantics:
 // mma.m16n8k16 bf16 fragment layout with FP32 accumulation (sequential, not the tensor
-// cores' order), mul.rn.bf16x2 keeping subnormals, cp.async done synchronously (so it checks
-// indexing and data flow, not the pipeline's timing). It checks logic, not performance.
+// cores' order), mul.rn.bf16x2 keeping subnormals; cp.async lands at the thread's wait
+// (tests/emu_common/cp_async_emu.h), so it checks indexing, data flow and the waits, not the
+// pipeline's timing. It checks logic, not performance.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,11 @@
 #include <string>
 #include <algorithm>
 #include "cuda_bf16.h"
+
+// The kernels' headers drop their device-only PTX wrappers (cp_async.cuh, gemv_common.cuh,
+// nvfp4_decode.cuh); the stand-ins are here and in the emulators' own headers.
+#define CFP4_HOST_EMU 1
+#include "cp_async_emu.h"
 
 using std::isfinite; using std::isnan; using std::isinf;
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
@@ -141,11 +147,6 @@ inline void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) 
         c[r] = s;
     }
 }
-inline void cp_async16(void* dst, const void* src, uint32_t n) {
-    std::memset(dst, 0, 16);
-    if (n) std::memcpy(dst, src, n);
-}
-inline void cp_async_commit() {}
 inline uint32_t opaque(uint32_t x) { return x; }
 inline const uint8_t* opaque(const uint8_t* x) { return x; }
 inline uint32_t pack_u16(uint32_t lo, uint32_t hi) { return lo + (hi << 16); }
@@ -159,7 +160,6 @@ inline float2 __ldcg(const float2* p) { return *p; }
 inline float4 __ldcg(const float4* p) { return *p; }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-template <int N> inline void cp_async_wait() {}
 inline uint32_t dynamic_smem_size() { return uint32_t(g_dyn_bytes); }
 
 // ---- case files (the harnesses read their inputs and write their outputs as raw bytes)
