@@ -31,6 +31,7 @@ for nt in 1 2 4; do
 done
 out=.carry/pgemv_bench${SUFFIX:-}
 nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Ikernels -I"$inc" "$@" \
-    -o "$out" scripts/proto/pgemv_bench.cu kernels/gemv_packed.cu kernels/gemv_pack.cu kernels/gemv.cu
+    -o "$out" scripts/proto/pgemv_bench.cu kernels/gemv_packed.cu kernels/gemv_pack.cu kernels/gemv.cu \
+    -L"$CUDA_PATH/lib/stubs" -lcuda
 rm -rf "$inc"
 echo "built $out"

@@ -5,7 +5,8 @@
 // reference of the exact dequantized weight; times CUDA-graph replays of 32 calls rotating
 // among weight copies totalling >= 256 MiB (median of 15), like benches/gemv_cuda.rs;
 // CFP4_PGEMV_SPACER=1 puts a one-CTA kernel between the calls, as in the decode step;
-// CFP4_PGEMV_CHAIN=8B|70B times a layer's four GEMVs in the step's order (pgemv_chain.cuh).
+// CFP4_PGEMV_CHAIN=8B|70B times a layer's four GEMVs in the step's order (pgemv_chain.cuh);
+// CFP4_PGEMV_SMS=N runs on N SMs (the H200 proxy of green_ctx.cuh).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "gemv_packed.cuh"
 #include "l2_prefetch.cuh"
 
+#include "green_ctx.cuh"
 #include "proto_cuda.cuh"
 #ifdef CFP4_PGEMV_TIMELINE
 #include "timeline.cuh"
@@ -330,6 +332,12 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const double copy = copy_bw();
     printf("copy %.0f GB/s (read + write), %d SMs\n", copy, sms);
+    // CFP4_PGEMV_SMS=N: everything after the full-chip copy runs on N SMs (green_ctx.cuh), and
+    // every % of copy below is of the full chip's.
+    if (const char* e = getenv("CFP4_PGEMV_SMS")) {
+        sms = make_green_ctx(unsigned(atoi(e)));
+        printf("green context: %d SMs; copy on them %.0f GB/s\n", sms, copy_bw());
+    }
     const Shape shapes[] = {
         {"8B qkv", 6144, 4096, false},     {"8B o", 4096, 4096, false},       {"8B gate|up", 28672, 4096, true},
         {"8B down", 4096, 14336, false},   {"8B lm_head", 128256, 4096, false}, {"70B qkv", 10240, 8192, false},
