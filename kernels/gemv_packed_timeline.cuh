@@ -6,8 +6,7 @@
 // tl_stamp is empty.
 #pragma once
 
-// CFP4_PGEMV_TIMELINE (the proto harnesses' diagnostic builds only; never the library's):
-// lane 0 of each warp writes %globaltimer at entry (slot 0), after griddepcontrol.wait (1),
+// Lane 0 of each warp writes %globaltimer at entry (slot 0), after griddepcontrol.wait (1),
 // after its first chunk's MMAs (2), after its main loop (3) and at the end of the finish
 // (4), and its SM id (5), to cfp4_pgemv_timeline[((launch * stride) + blockIdx.x *
 // MAX_WARPS + warp) * 6 + slot] when the harness has set that pointer

@@ -7,19 +7,7 @@
 // later runtime call (allocations, launches, graphs) goes to it. Returns the SMs it has.
 #pragma once
 #include <cuda.h>
-#include <cstdio>
-#include <cstdlib>
-
-#define CU_CK(x)                                                                      \
-    do {                                                                              \
-        CUresult r_ = (x);                                                            \
-        if (r_ != CUDA_SUCCESS) {                                                     \
-            const char* s_ = nullptr;                                                 \
-            cuGetErrorString(r_, &s_);                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
+#include "proto_cuda.cuh"  // CU_CK
 
 static int make_green_ctx(unsigned want) {
     CU_CK(cuInit(0));

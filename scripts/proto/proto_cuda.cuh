@@ -1,7 +1,8 @@
-// proto_cuda.cuh: what the stand-alone harnesses of scripts/proto share: CK (exit on a CUDA
-// error, naming the call), median event timings (of any work, of graph replays, of a graph
+// proto_cuda.cuh: what the stand-alone harnesses of scripts/proto share: CK and CU_CK (exit
+// on a CUDA runtime / driver error, naming the call), median event timings (of any work, of graph replays, of a graph
 // captured from calls) and a launch with programmatic dependent launch allowed.
 #pragma once
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
@@ -15,6 +16,17 @@
             fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
             exit(1);                                                                           \
         }                                                                                      \
+    } while (0)
+
+#define CU_CK(x)                                                                      \
+    do {                                                                              \
+        CUresult r_ = (x);                                                            \
+        if (r_ != CUDA_SUCCESS) {                                                     \
+            const char* s_ = nullptr;                                                 \
+            cuGetErrorString(r_, &s_);                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
+            exit(1);                                                                  \
+        }                                                                             \
     } while (0)
 
 // Median milliseconds of `reps` calls of `work(st)` on `st`, each timed alone with CUDA

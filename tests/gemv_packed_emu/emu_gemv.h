@@ -8,8 +8,6 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <utility>
-#include <vector>
 #include <cmath>
 
 struct alignas(8) uint2 { uint32_t x, y; };
