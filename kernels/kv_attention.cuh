@@ -169,8 +169,8 @@ struct StageCopy {
         const uint8_t* s = first + src_main;
         uint8_t* d = buf + dst_main;
 #pragma unroll
-        for (int m = 0; m < LPR; ++m) cp_async_16_zfill(d + m * RPI * C::SROW, s + size_t(m) * stride, 16u);
-        cp_async_16_zfill(buf + lane * C::SROW + 16 * LPR, first + src_rest, 16u);
+        for (int m = 0; m < LPR; ++m) cp_async_16(d + m * RPI * C::SROW, s + size_t(m) * stride);
+        cp_async_16(buf + lane * C::SROW + 16 * LPR, first + src_rest);
     }
 };
 

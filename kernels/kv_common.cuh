@@ -17,7 +17,8 @@ constexpr unsigned FULL = 0xffffffffu;
 // overlaps the launch and the register/shared setup with the previous kernel's tail.
 using cfp4::griddep_launch_dependents;
 using cfp4::griddep_wait;
-// cp.async (cp_async.cuh): the slot pipeline's copies, zero-filled past a sequence's end.
+// cp.async (cp_async.cuh): the slot pipeline's copies (zero-filled past a sequence's end).
+using cfp4::cp_async_16;
 using cfp4::cp_async_16_zfill;
 using cfp4::cp_async_commit;
 using cfp4::cp_async_wait_group;
