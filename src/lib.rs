@@ -30,6 +30,8 @@ pub mod kv_cache;
 mod layout;
 pub mod norm;
 pub mod nvfp4;
+#[cfg(feature = "cuda")]
+pub mod partition;
 pub mod quant_config;
 pub mod quant_linear;
 pub mod rope;

@@ -20,6 +20,11 @@
 //!   CFP4_DECODE_ATTN=splits=N,fused=0|1 ... (the attention's knobs, for a sweep)
 //!   CFP4_DECODE_PARTS=1 ... (the batch-1 8B NVFP4 row: its parts timed inside CUDA graphs,
 //!   [`parts`])
+//!   CFP4_DECODE_SMS=N [CFP4_DECODE_MEM_BW=GB/s] ... (every row planned for N SMs while a
+//!   blocker holds the others, after the full chip's copy bandwidth: a GPU that asks more
+//!   of each SM, e.g. an H200's ~32 GB/s per SM on 96 SMs of an H100;
+//!   [`candle_fp4::partition`]. MEM_BW: the peak DRAM bandwidth the planners see, 4917 for
+//!   an H200's)
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, D};
@@ -327,6 +332,45 @@ fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row
     })
 }
 
+/// `CFP4_DECODE_SMS=N`: plan for N SMs (and `CFP4_DECODE_MEM_BW` GB/s of peak DRAM
+/// bandwidth) and hold the device's other SMs for the run (up to 30 minutes).
+fn partition(dev: &Device) -> Result<Option<candle_fp4::partition::SmBlocker>> {
+    use candle_fp4::partition::{device_sms, plan_for, SmBlocker};
+    let Ok(n) = std::env::var("CFP4_DECODE_SMS") else {
+        return Ok(None);
+    };
+    let sms: usize = n.parse().context("CFP4_DECODE_SMS must be an SM count")?;
+    let mem_bw = match std::env::var("CFP4_DECODE_MEM_BW") {
+        Ok(v) => Some(
+            v.parse::<u64>()
+                .ok()
+                .and_then(|g| g.checked_mul(1_000_000_000))
+                .context("CFP4_DECODE_MEM_BW must be whole GB/s")?,
+        ),
+        Err(_) => None,
+    };
+    let total = device_sms(dev)?;
+    let held = total
+        .checked_sub(sms)
+        .filter(|&h| h > 0)
+        .with_context(|| format!("CFP4_DECODE_SMS={sms}: the device has {total} SMs"))?;
+    plan_for(dev, sms, mem_bw)?;
+    let b = SmBlocker::hold(dev, held, Duration::from_secs(1800))?;
+    let r = b.report();
+    if !r.holds(held) {
+        anyhow::bail!("the blocker does not hold {held} distinct SMs: {r:?}");
+    }
+    eprintln!(
+        "partition: planned for {sms} of {total} SMs (peak DRAM {}), {held} held on SMs {:?}",
+        mem_bw.map_or("the device's".into(), |b| format!(
+            "{} GB/s",
+            b / 1_000_000_000
+        )),
+        r.sms
+    );
+    Ok(Some(b))
+}
+
 fn cases() -> Vec<Case> {
     let mut v = vec![];
     let mut add = |model: &str, cfg, nvfp4, kv: KvCacheKind, ctx, batch, graph, pdl| {
@@ -389,6 +433,7 @@ fn main() -> Result<()> {
     let dev = Device::new_cuda(0)?;
     let bw = copy_bandwidth(&dev)?;
     eprintln!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let blocker = partition(&dev)?;
     let mut rows = vec![];
     // `=name`: that row only; otherwise every row whose name contains the string.
     let pick = |name: &str| match only.strip_prefix('=') {
@@ -428,13 +473,24 @@ fn main() -> Result<()> {
             Err(e) => eprintln!("candle-transformers: FAILED: {e:#}"),
         }
     }
+    if let Some(b) = blocker {
+        let r = b.release()?;
+        eprintln!("blocker at the end: {r:?}");
+        if r.timed_out > 0 {
+            println!(
+                "PARTITION BROKEN: {} blocker CTAs left before the end",
+                r.timed_out
+            );
+        }
+    }
     let ct = rows
         .iter()
         .find(|r| r.name.contains("candle-transformers"))
         .map(|r| r.step);
     println!(
-        "\ncopy bandwidth {:.0} GB/s; median of {STEPS} steps",
-        bw / 1e9
+        "\ncopy bandwidth {:.0} GB/s (full chip); median of {STEPS} steps{}",
+        bw / 1e9,
+        std::env::var("CFP4_DECODE_SMS").map_or(String::new(), |n| format!("; on {n} SMs"))
     );
     println!(
         "{:<42} {:>9} {:>10} {:>10} {:>9} {:>9} {:>8}",

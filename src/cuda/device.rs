@@ -44,12 +44,14 @@ fn peak_bandwidth(clock_khz: Option<i32>, bus_bits: Option<i32>) -> Option<u64> 
     khz.checked_mul(1000)?.checked_mul(2)?.checked_mul(bits / 8)
 }
 
+type Table = Mutex<HashMap<usize, Arc<DeviceFacts>>>;
+/// Facts per CUDA context (its `CUcontext` as the key).
+static FACTS: OnceLock<Table> = OnceLock::new();
+
 /// The facts of `dev`, queried on the first call per CUDA context (a lock and a map
 /// lookup: for planning, at load; never on a per-call path).
 pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
     use sys::CUdevice_attribute::*;
-    type Table = Mutex<HashMap<usize, Arc<DeviceFacts>>>;
-    static FACTS: OnceLock<Table> = OnceLock::new();
     let key = dev.cuda_stream().context().cu_ctx() as usize;
     let table = FACTS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut t = table
@@ -84,6 +86,32 @@ pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
     });
     t.insert(key, f.clone());
     Ok(f)
+}
+
+/// Plans made on `dev` from now on (not those already made) see `sms` SMs and, where
+/// `mem_bw` is `Some`, that peak DRAM bandwidth instead of the device's own: for measuring
+/// the decode on part of a GPU (`crate::partition`). Errors when `sms` is 0 or more than
+/// the device has.
+pub(crate) fn override_facts(dev: &CudaDevice, sms: usize, mem_bw: Option<u64>) -> Result<()> {
+    let real = facts(dev)?;
+    if sms == 0 || sms > real.sms {
+        bail!(
+            "candle-fp4: cannot plan for {sms} SMs on a device with {}",
+            real.sms
+        )
+    }
+    let f = Arc::new(DeviceFacts {
+        sms,
+        mem_bw: mem_bw.or(real.mem_bw),
+        ..(*real).clone()
+    });
+    let key = dev.cuda_stream().context().cu_ctx() as usize;
+    FACTS
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .map_err(|_| cuda_err("device facts", "poisoned lock"))?
+        .insert(key, f);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Thirty-sixth session's device runs: $@ = steps; run through scripts/s36-call.sh (STEPS=...).
+# dproxy: decode_bench's batch-1 ctx-512 BF16-cache graph rows (SmolLM2, 8B NVFP4, 8B BF16,
+#   70B NVFP4) on the full chip, then planned for $DPROXY_SMS SMs (default 96) with an
+#   H200's peak DRAM bandwidth (4917 GB/s) while candle_fp4::partition::SmBlocker holds the
+#   others: does the decode step on an H100's 96 SMs land at the H200's fractions?
+# Any other step is scripts/s35-device.sh's (proxy, kvcheck, bench, benchtab, issue15; through
+# it s34 → s31). DEADLINE_S: steps that would start later are skipped.
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh > /dev/null
+for step in "$@"; do
+if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
+case "$step" in
+dproxy)
+    for n in full ${DPROXY_SMS:-96}; do
+        echo "== decode_bench b1 ctx512 kvbf16 graph rows, SMs: $n"
+        if [ "$n" = full ]; then
+            env CFP4_DECODE_ONLY="b1 ctx512 kvbf16 graph" timeout 200 ./.carry/decode_bench --bench \
+                > "$OUT/dproxy-$n.log" 2>&1
+        else
+            env CFP4_DECODE_SMS=$n CFP4_DECODE_MEM_BW=4917 CFP4_DECODE_ONLY="b1 ctx512 kvbf16 graph" \
+                timeout 200 ./.carry/decode_bench --bench > "$OUT/dproxy-$n.log" 2>&1
+        fi
+        echo "rc $?"; grep -E "^partition|^blocker|BROKEN|^copy|^row|graph" "$OUT/dproxy-$n.log" | cut -c1-120
+    done
+    ;;
+*)
+    DEADLINE_S=100000 bash scripts/s35-device.sh "$step" | grep -v "^== done"
+    ;;
+esac; done
+echo "== done $(date +%T)"

@@ -1,0 +1,295 @@
+//! Running on part of a GPU (feature `cuda`), for benchmarks: plan for `N` SMs and hold the
+//! others with a blocker grid, so that a GPU with fewer SMs — or, with a higher planned
+//! DRAM bandwidth, a GPU that asks more bytes of each SM — can be measured on the card at
+//! hand. Not on any model path.
+//!
+//! Why: an H200 asks each of its 132 SMs for ~32 GB/s (4.24 TB/s of copy), an H100 for ~23
+//! (3.02 TB/s); on 96 of its SMs an H100 asks ~31.5. A decode step's kernels cannot be put
+//! in a green context from outside (candle builds its device on the primary context), so
+//! [`SmBlocker`] keeps one CTA with all of an SM's shared memory resident on each SM to be
+//! held — no other CTA fits beside it — until it is dropped, and [`plan_for`] makes every
+//! planner that runs afterwards see the SMs left (and, if given, the DRAM bandwidth of the
+//! card being imitated: the L2 prefetch rule reads it).
+
+use crate::cuda::{cuda_err, override_facts};
+use candle_core::cuda_backend::cudarc::driver::{result, sys};
+use candle_core::{bail, Device, Result};
+use std::time::{Duration, Instant};
+
+/// Plans made on `dev` after this call see `sms` SMs and, where `mem_bw` is given, that
+/// peak DRAM bandwidth in bytes per second (layers planned before keep their plans). Call
+/// it before loading the model, and hold the other SMs with [`SmBlocker::hold`].
+pub fn plan_for(dev: &Device, sms: usize, mem_bw: Option<u64>) -> Result<()> {
+    let Device::Cuda(d) = dev else {
+        bail!("partition::plan_for needs a CUDA device")
+    };
+    override_facts(d, sms, mem_bw)
+}
+
+/// The SMs of `dev` (the driver's count, whatever [`plan_for`] was told).
+pub fn device_sms(dev: &Device) -> Result<usize> {
+    let Device::Cuda(d) = dev else {
+        bail!("partition::device_sms needs a CUDA device")
+    };
+    d.cuda_stream()
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map(|v| v.max(0) as usize)
+        .map_err(|e| cuda_err("cuDeviceGetAttribute(SM count)", e))
+}
+
+/// The blocker: thread 0 of each CTA writes `smid + 1` to its slot (`ctl[4 + cta]`, u32, in
+/// host-mapped memory), then polls `ctl[0]` every 20 µs until the host writes a non-zero
+/// value there (slot |= 1 << 30) or `max_ns` of `%globaltimer` pass (slot |= 1 << 31).
+/// Hand-written PTX (sm_70: `nanosleep`), JIT-compiled by the driver for any card.
+const BLOCKER_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry cfp4_sm_blocker(.param .u64 ctl, .param .u64 max_ns)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra DONE;
+    ld.param.u64 %rd1, [ctl];
+    ld.param.u64 %rd2, [max_ns];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %smid;
+    add.u32 %r4, %r3, 1;
+    mul.wide.u32 %rd3, %r2, 4;
+    add.u64 %rd4, %rd1, %rd3;
+    add.u64 %rd4, %rd4, 16;
+    st.volatile.global.u32 [%rd4], %r4;
+    membar.sys;
+    mov.u64 %rd5, %globaltimer;
+SPIN:
+    nanosleep.u32 20000;
+    ld.volatile.global.u32 %r5, [%rd1];
+    setp.ne.u32 %p2, %r5, 0;
+    @%p2 bra RELEASED;
+    mov.u64 %rd6, %globaltimer;
+    sub.u64 %rd7, %rd6, %rd5;
+    setp.lt.u64 %p3, %rd7, %rd2;
+    @%p3 bra SPIN;
+    or.b32 %r6, %r4, -2147483648;
+    st.volatile.global.u32 [%rd4], %r6;
+    membar.sys;
+    bra DONE;
+RELEASED:
+    or.b32 %r6, %r4, 1073741824;
+    st.volatile.global.u32 [%rd4], %r6;
+    membar.sys;
+DONE:
+    ret;
+}
+"#;
+
+const RELEASED: u32 = 1 << 30;
+const TIMED_OUT: u32 = 1 << 31;
+
+/// What the blocker's CTAs reported: the SM each sat on, and whether any left before it
+/// was released (then the measurement it covered ran on more SMs than planned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockerReport {
+    /// The SM of each CTA that started (`%smid`).
+    pub sms: Vec<u32>,
+    /// CTAs that gave up at their time limit.
+    pub timed_out: usize,
+    /// CTAs that saw the release.
+    pub released: usize,
+}
+
+impl BlockerReport {
+    /// Every CTA started, on distinct SMs, and none has left on its own.
+    pub fn holds(&self, ctas: usize) -> bool {
+        let mut s = self.sms.clone();
+        s.sort_unstable();
+        s.dedup();
+        s.len() == ctas && self.sms.len() == ctas && self.timed_out == 0
+    }
+}
+
+/// One CTA with all of an SM's shared memory on each of `ctas` SMs, resident until dropped
+/// (or until its time limit). Its stream, module and control words are its own (raw driver
+/// objects, so cudarc's cross-stream event tracking never sees them).
+pub struct SmBlocker {
+    ctas: usize,
+    ctl: *mut u32,
+    stream: sys::CUstream,
+    module: sys::CUmodule,
+}
+
+impl SmBlocker {
+    /// Launches the blocker on `ctas` SMs of `dev` and waits (up to 2 s) until every CTA
+    /// has started; `limit`: how long its CTAs stay if never released.
+    pub fn hold(dev: &Device, ctas: usize, limit: Duration) -> Result<Self> {
+        let Device::Cuda(d) = dev else {
+            bail!("SmBlocker needs a CUDA device")
+        };
+        let ctx = d.cuda_stream().context().clone();
+        ctx.bind_to_thread()
+            .map_err(|e| cuda_err("SmBlocker: binding the context", e))?;
+        let total = device_sms(dev)?;
+        if ctas == 0 || ctas >= total {
+            bail!("SmBlocker: cannot hold {ctas} of the device's {total} SMs")
+        }
+        let smem = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| cuda_err("SmBlocker: shared memory per block", e))?;
+        let words = 4 + ctas;
+        let mut b = SmBlocker {
+            ctas,
+            ctl: std::ptr::null_mut(),
+            stream: std::ptr::null_mut(),
+            module: std::ptr::null_mut(),
+        };
+        // SAFETY: plain driver calls on the context bound above; every object they create
+        // is owned by `b` and released in its `Drop` (also on the error paths below).
+        unsafe {
+            let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+            sys::cuMemHostAlloc(
+                &mut host,
+                words * 4,
+                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+            .result()
+            .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc", e))?;
+            b.ctl = host.cast();
+            std::ptr::write_bytes(b.ctl, 0, words);
+            let mut dptr: sys::CUdeviceptr = 0;
+            sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0)
+                .result()
+                .map_err(|e| cuda_err("SmBlocker: cuMemHostGetDevicePointer", e))?;
+            b.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|e| cuda_err("SmBlocker: stream", e))?;
+            let src = std::ffi::CString::new(BLOCKER_PTX).map_err(|e| cuda_err("SmBlocker", e))?;
+            b.module = result::module::load_data(src.as_ptr().cast())
+                .map_err(|e| cuda_err("SmBlocker: loading its PTX", e))?;
+            let f = result::module::get_function(
+                b.module,
+                std::ffi::CString::new("cfp4_sm_blocker").map_err(|e| cuda_err("SmBlocker", e))?,
+            )
+            .map_err(|e| cuda_err("SmBlocker: cfp4_sm_blocker", e))?;
+            result::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem,
+            )
+            .map_err(|e| cuda_err("SmBlocker: shared memory attribute", e))?;
+            let mut ctl_arg = dptr;
+            let mut ns_arg = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+            let mut args = [
+                (&mut ctl_arg as *mut u64).cast::<std::ffi::c_void>(),
+                (&mut ns_arg as *mut u64).cast::<std::ffi::c_void>(),
+            ];
+            sys::cuLaunchKernel(
+                f,
+                ctas as u32,
+                1,
+                1,
+                32,
+                1,
+                1,
+                smem as u32,
+                b.stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+            .map_err(|e| cuda_err("SmBlocker: launch", e))?;
+        }
+        let t0 = Instant::now();
+        while b.report().sms.len() < ctas {
+            if t0.elapsed() > Duration::from_secs(2) {
+                let r = b.report();
+                bail!(
+                    "SmBlocker: {} of {ctas} CTAs started within 2 s (is the GPU busy?)",
+                    r.sms.len()
+                )
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(b)
+    }
+
+    /// The CTAs' slots as they read now.
+    pub fn report(&self) -> BlockerReport {
+        let mut r = BlockerReport {
+            sms: vec![],
+            timed_out: 0,
+            released: 0,
+        };
+        for i in 0..self.ctas {
+            // SAFETY: `ctl` holds 4 + ctas words for the blocker's life; the device writes
+            // them, so they are read volatile.
+            let v = unsafe { std::ptr::read_volatile(self.ctl.add(4 + i)) };
+            if v == 0 {
+                continue;
+            }
+            r.sms.push((v & !(RELEASED | TIMED_OUT)) - 1);
+            r.timed_out += usize::from(v & TIMED_OUT != 0);
+            r.released += usize::from(v & RELEASED != 0);
+        }
+        r
+    }
+
+    /// Releases the SMs, waits for the blocker to leave and returns what its CTAs reported.
+    pub fn release(mut self) -> Result<BlockerReport> {
+        self.stop()?;
+        Ok(self.report())
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if self.stream.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `ctl` is live (freed only in Drop, after this); the stream is ours.
+        unsafe {
+            std::ptr::write_volatile(self.ctl, 1);
+            let r = result::stream::synchronize(self.stream);
+            let _ = result::stream::destroy(self.stream);
+            self.stream = std::ptr::null_mut();
+            r.map_err(|e| cuda_err("SmBlocker: waiting for the release", e))
+        }
+    }
+}
+
+impl Drop for SmBlocker {
+    fn drop(&mut self) {
+        let _ = self.stop();
+        // SAFETY: the objects were created in `hold` and the blocker's kernel has left.
+        unsafe {
+            if !self.module.is_null() {
+                let _ = result::module::unload(self.module);
+            }
+            if !self.ctl.is_null() {
+                let _ = sys::cuMemFreeHost(self.ctl.cast());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BlockerReport, TIMED_OUT};
+
+    #[test]
+    fn a_blocker_holds_only_distinct_sms_and_no_timeouts() {
+        let r = |sms: Vec<u32>, timed_out| BlockerReport {
+            sms,
+            timed_out,
+            released: 0,
+        };
+        assert!(r(vec![3, 0, 7], 0).holds(3));
+        assert!(!r(vec![3, 0, 3], 0).holds(3)); // two CTAs on one SM
+        assert!(!r(vec![3, 0], 0).holds(3)); // one never started
+        assert!(!r(vec![3, 0, 7], 1).holds(3)); // one left on its own
+        assert_eq!(TIMED_OUT, 0x8000_0000); // the PTX's -2147483648
+    }
+}
