@@ -38,9 +38,10 @@ pub fn device_sms(dev: &Device) -> Result<usize> {
         .map_err(|e| cuda_err("cuDeviceGetAttribute(SM count)", e))
 }
 
-/// The blocker: thread 0 of each CTA writes `smid + 1` to its slot (`ctl[4 + cta]`, u32, in
+/// The blocker (`cfp4_sm_blocker`): thread 0 of each CTA writes `smid + 1` to its slot (`ctl[4 + cta]`, u32, in
 /// host-mapped memory), then polls `ctl[0]` every 20 µs until the host writes a non-zero
 /// value there (slot |= 1 << 30) or `max_ns` of `%globaltimer` pass (slot |= 1 << 31).
+/// The probe (`cfp4_sm_probe`): thread 0 of each CTA writes `smid + 1` to `out[cta]`.
 /// Hand-written PTX (sm_70: `nanosleep`), JIT-compiled by the driver for any card.
 const BLOCKER_PTX: &str = r#"
 .version 7.0
@@ -84,6 +85,26 @@ RELEASED:
     st.volatile.global.u32 [%rd4], %r6;
     membar.sys;
 DONE:
+    ret;
+}
+
+.visible .entry cfp4_sm_probe(.param .u64 out)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<4>;
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra PDONE;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %smid;
+    add.u32 %r3, %r3, 1;
+    mul.wide.u32 %rd2, %r2, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    st.volatile.global.u32 [%rd3], %r3;
+    membar.sys;
+PDONE:
     ret;
 }
 "#;
@@ -215,7 +236,74 @@ impl SmBlocker {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        b.probe(total)?;
         Ok(b)
+    }
+
+    /// Runs 8 CTAs per SM of the device (no shared memory, one warp each) beside the
+    /// blocker and fails if any of them ran on a held SM: then the blocker does not keep
+    /// the smallest CTAs off its SMs and the partition would measure nothing.
+    fn probe(&self, total: usize) -> Result<()> {
+        let ctas = total.saturating_mul(8);
+        let held: std::collections::HashSet<u32> = self.report().sms.into_iter().collect();
+        // SAFETY: the module is ours and live; the probe's buffer and stream are created
+        // and released here, after the stream is synchronized.
+        unsafe {
+            let f = result::module::get_function(
+                self.module,
+                std::ffi::CString::new("cfp4_sm_probe").map_err(|e| cuda_err("SmBlocker", e))?,
+            )
+            .map_err(|e| cuda_err("SmBlocker: cfp4_sm_probe", e))?;
+            let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+            sys::cuMemHostAlloc(&mut host, ctas * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+                .result()
+                .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc (probe)", e))?;
+            let out: *mut u32 = host.cast();
+            std::ptr::write_bytes(out, 0, ctas);
+            let res = (|| -> Result<Vec<u32>> {
+                let mut dptr: sys::CUdeviceptr = 0;
+                sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0)
+                    .result()
+                    .map_err(|e| cuda_err("SmBlocker: probe pointer", e))?;
+                let st = result::stream::create(result::stream::StreamKind::NonBlocking)
+                    .map_err(|e| cuda_err("SmBlocker: probe stream", e))?;
+                let mut args = [(&mut dptr as *mut u64).cast::<std::ffi::c_void>()];
+                let r = sys::cuLaunchKernel(
+                    f,
+                    ctas as u32,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    st,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+                .result()
+                .and_then(|_| result::stream::synchronize(st));
+                let _ = result::stream::destroy(st);
+                r.map_err(|e| cuda_err("SmBlocker: probe", e))?;
+                Ok((0..ctas)
+                    .map(|i| std::ptr::read_volatile(out.add(i)))
+                    .collect())
+            })();
+            let _ = sys::cuMemFreeHost(host);
+            let seen = res?;
+            let on_held = seen
+                .iter()
+                .filter(|&&v| v != 0 && held.contains(&(v - 1)))
+                .count();
+            let missing = seen.iter().filter(|&&v| v == 0).count();
+            if on_held > 0 || missing > 0 {
+                bail!(
+                    "SmBlocker: {on_held} of {ctas} probe CTAs ran on held SMs, {missing} did \
+                     not run"
+                )
+            }
+        }
+        Ok(())
     }
 
     /// The CTAs' slots as they read now.
