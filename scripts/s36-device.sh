@@ -4,6 +4,8 @@
 #   70B NVFP4) on the full chip, then planned for $DPROXY_SMS SMs (default 96) with an
 #   H200's peak DRAM bandwidth (4917 GB/s) while candle_fp4::partition::SmBlocker holds the
 #   others: does the decode step on an H100's 96 SMs land at the H200's fractions?
+# tlproxy: .carry/pgemv_bench-tl's per-warp timelines of the seven Llama layers (M = 1,
+#   spacers) on the full chip and on $DPROXY_SMS SMs (green context).
 # Any other step is scripts/s35-device.sh's (proxy, kvcheck, bench, benchtab, issue15; through
 # it s34 → s31). DEADLINE_S: steps that would start later are skipped.
 set -o pipefail
@@ -23,6 +25,16 @@ dproxy)
                 timeout 200 ./.carry/decode_bench --bench > "$OUT/dproxy-$n.log" 2>&1
         fi
         echo "rc $?"; grep -E "^partition|^blocker|BROKEN|^copy|^row|graph" "$OUT/dproxy-$n.log" | cut -c1-120
+    done
+    ;;
+tlproxy)
+    for n in full ${DPROXY_SMS:-96}; do
+        sm=""; [ "$n" = full ] || sm=$n
+        echo "== pgemv_bench-tl M = 1 spacers (timelines), SMs: $n"
+        env ${sm:+CFP4_PGEMV_SMS=$sm} CFP4_PGEMV_SPACER=1 CFP4_PGEMV_M1=1 \
+            CFP4_PGEMV_ONLY="8B qkv,8B o,8B gate|up,8B down,70B qkv,70B o,70B down" \
+            timeout 120 ./.carry/pgemv_bench-tl > "$OUT/tlproxy-$n.log" 2>&1; echo "rc $?"
+        grep -E "^copy|^green|^\| (8B|70B)|timeline|FAIL" "$OUT/tlproxy-$n.log" | cut -c1-330
     done
     ;;
 *)
