@@ -135,13 +135,22 @@ impl BlockerReport {
 }
 
 /// One CTA with all of an SM's shared memory on each of `ctas` SMs, resident until dropped
-/// (or until its time limit). Its stream, module and control words are its own (raw driver
+/// (or until its time limit). Hold it only around work whose kernels are all loaded (a
+/// timed loop after its warm-up): with CUDA's lazy module loading (the default), a kernel
+/// loaded for the first time while the blocker spins waits for the context to go idle,
+/// i.e. for the blocker's time limit. Its stream, module and control words are its own (raw driver
 /// objects, so cudarc's cross-stream event tracking never sees them).
 pub struct SmBlocker {
     ctas: usize,
     ctl: *mut u32,
     stream: sys::CUstream,
     module: sys::CUmodule,
+    /// The probe's function, stream and output (host-mapped, 8 words per SM), all made
+    /// before the blocker starts: under lazy module loading a function first fetched while
+    /// the blocker spins waits for the context to go idle, which it never does.
+    probe_fn: sys::CUfunction,
+    probe_stream: sys::CUstream,
+    probe_out: *mut u32,
 }
 
 impl SmBlocker {
@@ -169,7 +178,11 @@ impl SmBlocker {
             ctl: std::ptr::null_mut(),
             stream: std::ptr::null_mut(),
             module: std::ptr::null_mut(),
+            probe_fn: std::ptr::null_mut(),
+            probe_stream: std::ptr::null_mut(),
+            probe_out: std::ptr::null_mut(),
         };
+        let probe_ctas = total.saturating_mul(8);
         // SAFETY: plain driver calls on the context bound above; every object they create
         // is owned by `b` and released in its `Drop` (also on the error paths below).
         unsafe {
@@ -203,6 +216,21 @@ impl SmBlocker {
                 smem,
             )
             .map_err(|e| cuda_err("SmBlocker: shared memory attribute", e))?;
+            b.probe_fn = result::module::get_function(
+                b.module,
+                std::ffi::CString::new("cfp4_sm_probe").map_err(|e| cuda_err("SmBlocker", e))?,
+            )
+            .map_err(|e| cuda_err("SmBlocker: cfp4_sm_probe", e))?;
+            b.probe_stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|e| cuda_err("SmBlocker: probe stream", e))?;
+            let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+            sys::cuMemHostAlloc(&mut out, probe_ctas * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+                .result()
+                .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc (probe)", e))?;
+            b.probe_out = out.cast();
+            // Once before the blocker, so the probe kernel is loaded whatever the loading
+            // mode (its result is not looked at).
+            b.launch_probe(probe_ctas)?;
             let mut ctl_arg = dptr;
             let mut ns_arg = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
             let mut args = [
@@ -236,74 +264,61 @@ impl SmBlocker {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        b.probe(total)?;
+        b.probe(probe_ctas)?;
         Ok(b)
     }
 
-    /// Runs 8 CTAs per SM of the device (no shared memory, one warp each) beside the
-    /// blocker and fails if any of them ran on a held SM: then the blocker does not keep
+    /// Runs `ctas` CTAs (8 per SM of the device; no shared memory, one warp each) beside
+    /// the blocker and fails if any of them ran on a held SM: then the blocker does not keep
     /// the smallest CTAs off its SMs and the partition would measure nothing.
-    fn probe(&self, total: usize) -> Result<()> {
-        let ctas = total.saturating_mul(8);
+    fn probe(&self, ctas: usize) -> Result<()> {
         let held: std::collections::HashSet<u32> = self.report().sms.into_iter().collect();
-        // SAFETY: the module is ours and live; the probe's buffer and stream are created
-        // and released here, after the stream is synchronized.
-        unsafe {
-            let f = result::module::get_function(
-                self.module,
-                std::ffi::CString::new("cfp4_sm_probe").map_err(|e| cuda_err("SmBlocker", e))?,
+        let seen = self.launch_probe(ctas)?;
+        let on_held = seen
+            .iter()
+            .filter(|&&v| v != 0 && held.contains(&(v - 1)))
+            .count();
+        let missing = seen.iter().filter(|&&v| v == 0).count();
+        if on_held > 0 || missing > 0 {
+            bail!(
+                "SmBlocker: {on_held} of {ctas} probe CTAs ran on held SMs, {missing} did not run"
             )
-            .map_err(|e| cuda_err("SmBlocker: cfp4_sm_probe", e))?;
-            let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-            sys::cuMemHostAlloc(&mut host, ctas * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
-                .result()
-                .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc (probe)", e))?;
-            let out: *mut u32 = host.cast();
-            std::ptr::write_bytes(out, 0, ctas);
-            let res = (|| -> Result<Vec<u32>> {
-                let mut dptr: sys::CUdeviceptr = 0;
-                sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0)
-                    .result()
-                    .map_err(|e| cuda_err("SmBlocker: probe pointer", e))?;
-                let st = result::stream::create(result::stream::StreamKind::NonBlocking)
-                    .map_err(|e| cuda_err("SmBlocker: probe stream", e))?;
-                let mut args = [(&mut dptr as *mut u64).cast::<std::ffi::c_void>()];
-                let r = sys::cuLaunchKernel(
-                    f,
-                    ctas as u32,
-                    1,
-                    1,
-                    32,
-                    1,
-                    1,
-                    0,
-                    st,
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-                .result()
-                .and_then(|_| result::stream::synchronize(st));
-                let _ = result::stream::destroy(st);
-                r.map_err(|e| cuda_err("SmBlocker: probe", e))?;
-                Ok((0..ctas)
-                    .map(|i| std::ptr::read_volatile(out.add(i)))
-                    .collect())
-            })();
-            let _ = sys::cuMemFreeHost(host);
-            let seen = res?;
-            let on_held = seen
-                .iter()
-                .filter(|&&v| v != 0 && held.contains(&(v - 1)))
-                .count();
-            let missing = seen.iter().filter(|&&v| v == 0).count();
-            if on_held > 0 || missing > 0 {
-                bail!(
-                    "SmBlocker: {on_held} of {ctas} probe CTAs ran on held SMs, {missing} did \
-                     not run"
-                )
-            }
         }
         Ok(())
+    }
+
+    /// Launches the probe's `ctas` CTAs, waits for them and returns each one's `smid + 1`
+    /// (0: did not run).
+    fn launch_probe(&self, ctas: usize) -> Result<Vec<u32>> {
+        // SAFETY: the probe's function, stream and `ctas` words of output were made in
+        // `hold` and live until Drop; the output is read after the stream is synchronized.
+        unsafe {
+            std::ptr::write_bytes(self.probe_out, 0, ctas);
+            let mut dptr: sys::CUdeviceptr = 0;
+            sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.probe_out.cast(), 0)
+                .result()
+                .map_err(|e| cuda_err("SmBlocker: probe pointer", e))?;
+            let mut args = [(&mut dptr as *mut u64).cast::<std::ffi::c_void>()];
+            sys::cuLaunchKernel(
+                self.probe_fn,
+                ctas as u32,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                self.probe_stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+            .and_then(|_| result::stream::synchronize(self.probe_stream))
+            .map_err(|e| cuda_err("SmBlocker: probe", e))?;
+            Ok((0..ctas)
+                .map(|i| std::ptr::read_volatile(self.probe_out.add(i)))
+                .collect())
+        }
     }
 
     /// The CTAs' slots as they read now.
@@ -353,6 +368,12 @@ impl Drop for SmBlocker {
         let _ = self.stop();
         // SAFETY: the objects were created in `hold` and the blocker's kernel has left.
         unsafe {
+            if !self.probe_stream.is_null() {
+                let _ = result::stream::destroy(self.probe_stream);
+            }
+            if !self.probe_out.is_null() {
+                let _ = sys::cuMemFreeHost(self.probe_out.cast());
+            }
             if !self.module.is_null() {
                 let _ = result::module::unload(self.module);
             }

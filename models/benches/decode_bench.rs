@@ -92,7 +92,7 @@ fn copy_bandwidth(dev: &Device) -> Result<f64> {
     Ok(candle_fp4::timing::copy_bandwidth(dev)?)
 }
 
-fn ours(c: &Case, dev: &Device) -> Result<Row> {
+fn ours(c: &Case, dev: &Device, held: Option<usize>) -> Result<Row> {
     let cfg = LlamaConfig::from_json_str(c.cfg, &c.name)?;
     let opts = LoadOptions {
         kv_cache: c.kv,
@@ -118,7 +118,7 @@ fn ours(c: &Case, dev: &Device) -> Result<Row> {
         seed: 42,
     };
     let mut m = Llama::random(cfg, spec, &opts, dev).with_context(|| c.name.clone())?;
-    let t = time_steps(&mut m, c.ctx, c.batch)?;
+    let t = time_steps(&mut m, c.ctx, c.batch, dev, held)?;
     if std::env::var_os("CFP4_DECODE_TRACE").is_some() {
         trace_one_step(&mut m, dev)?;
     }
@@ -157,20 +157,29 @@ fn attn_knobs() -> Result<candle_fp4::kv_cache::AttnKnobs> {
 }
 
 /// The wall times of `STEPS` greedy steps at context `ctx` after the warm-up (one eager
-/// step, the graph recorded at the next, 5 more).
-fn time_steps(m: &mut Llama, ctx: usize, batch: usize) -> Result<Vec<Duration>> {
+/// step, the graph recorded at the next, 5 more); with `held`, on the partition
+/// ([`on_partition`]: the blocker comes after the warm-up has loaded every kernel).
+fn time_steps(
+    m: &mut Llama,
+    ctx: usize,
+    batch: usize,
+    dev: &Device,
+    held: Option<usize>,
+) -> Result<Vec<Duration>> {
     m.bench_set_sequence_lens(&vec![ctx - 1; batch])?;
     m.decode_greedy(Some(&vec![1u32; batch]))?;
     for _ in 0..6 {
         m.decode_greedy(None)?;
     }
-    let mut t = Vec::with_capacity(STEPS);
-    for _ in 0..STEPS {
-        let s = Instant::now();
-        m.decode_greedy(None)?;
-        t.push(s.elapsed());
-    }
-    Ok(t)
+    on_partition(dev, held, || {
+        let mut t = Vec::with_capacity(STEPS);
+        for _ in 0..STEPS {
+            let s = Instant::now();
+            m.decode_greedy(None)?;
+            t.push(s.elapsed());
+        }
+        Ok(t)
+    })
 }
 
 /// The options of a batch-1 graph row at context `ctx`, GEMVs with PDL (the
@@ -215,7 +224,7 @@ fn tensor_parallel_row(ranks: usize, ctx: usize) -> Result<Row> {
                     };
                     let opts = row_opts(KvCacheKind::Bf16, ctx);
                     let mut m = Llama::random_rank(cfg, spec, &opts, &dev, g)?;
-                    let t = time_steps(&mut m, ctx, 1)?;
+                    let t = time_steps(&mut m, ctx, 1, &dev, None)?;
                     Ok((median(t), m.weight_bytes() + m.kv_bytes_per_token() * ctx))
                 })
             })
@@ -333,9 +342,9 @@ fn candle_transformers_llama(json: &str, ctx: usize, dev: &Device) -> Result<Row
 }
 
 /// `CFP4_DECODE_SMS=N`: plan for N SMs (and `CFP4_DECODE_MEM_BW` GB/s of peak DRAM
-/// bandwidth) and hold the device's other SMs for the run (up to 30 minutes).
-fn partition(dev: &Device) -> Result<Option<candle_fp4::partition::SmBlocker>> {
-    use candle_fp4::partition::{device_sms, plan_for, SmBlocker};
+/// bandwidth); returns how many SMs [`time_steps`] holds with the blocker while it times.
+fn partition(dev: &Device) -> Result<Option<usize>> {
+    use candle_fp4::partition::{device_sms, plan_for};
     let Ok(n) = std::env::var("CFP4_DECODE_SMS") else {
         return Ok(None);
     };
@@ -355,20 +364,35 @@ fn partition(dev: &Device) -> Result<Option<candle_fp4::partition::SmBlocker>> {
         .filter(|&h| h > 0)
         .with_context(|| format!("CFP4_DECODE_SMS={sms}: the device has {total} SMs"))?;
     plan_for(dev, sms, mem_bw)?;
-    let b = SmBlocker::hold(dev, held, Duration::from_secs(1800))?;
-    let r = b.report();
-    if !r.holds(held) {
-        anyhow::bail!("the blocker does not hold {held} distinct SMs: {r:?}");
-    }
     eprintln!(
-        "partition: planned for {sms} of {total} SMs (peak DRAM {}), {held} held on SMs {:?}",
+        "partition: planned for {sms} of {total} SMs (peak DRAM {}); {held} held while timing",
         mem_bw.map_or("the device's".into(), |b| format!(
             "{} GB/s",
             b / 1_000_000_000
         )),
-        r.sms
     );
-    Ok(Some(b))
+    Ok(Some(held))
+}
+
+/// Holds `held` SMs (if any) with [`candle_fp4::partition::SmBlocker`] around `f`, after
+/// checking the blocker sits on distinct SMs and keeps other CTAs off them, and fails if
+/// any of its CTAs left before the release.
+fn on_partition<T>(dev: &Device, held: Option<usize>, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let Some(held) = held else { return f() };
+    let b = candle_fp4::partition::SmBlocker::hold(dev, held, Duration::from_secs(300))?;
+    let r = b.report();
+    if !r.holds(held) {
+        anyhow::bail!("the blocker does not hold {held} distinct SMs: {r:?}");
+    }
+    let out = f();
+    let r = b.release()?;
+    if r.timed_out > 0 {
+        anyhow::bail!(
+            "PARTITION BROKEN: {} blocker CTAs left before the release",
+            r.timed_out
+        );
+    }
+    out
 }
 
 fn cases() -> Vec<Case> {
@@ -433,7 +457,7 @@ fn main() -> Result<()> {
     let dev = Device::new_cuda(0)?;
     let bw = copy_bandwidth(&dev)?;
     eprintln!("copy bandwidth {:.0} GB/s", bw / 1e9);
-    let blocker = partition(&dev)?;
+    let held = partition(&dev)?;
     let mut rows = vec![];
     // `=name`: that row only; otherwise every row whose name contains the string.
     let pick = |name: &str| match only.strip_prefix('=') {
@@ -444,7 +468,7 @@ fn main() -> Result<()> {
         .iter()
         .filter(|c| pick(&c.name) && (!c.extra || only.starts_with('=')))
     {
-        match ours(c, &dev) {
+        match ours(c, &dev, held) {
             Ok(r) => {
                 eprintln!("{}: {:.3} ms/step", r.name, r.step.as_secs_f64() * 1e3);
                 rows.push(r)
@@ -471,16 +495,6 @@ fn main() -> Result<()> {
         match candle_transformers_llama(LLAMA_8B, 512, &dev) {
             Ok(r) => rows.push(r),
             Err(e) => eprintln!("candle-transformers: FAILED: {e:#}"),
-        }
-    }
-    if let Some(b) = blocker {
-        let r = b.release()?;
-        eprintln!("blocker at the end: {r:?}");
-        if r.timed_out > 0 {
-            println!(
-                "PARTITION BROKEN: {} blocker CTAs left before the end",
-                r.timed_out
-            );
         }
     }
     let ct = rows
