@@ -4,6 +4,7 @@
 #   70B NVFP4) on the full chip, then planned for $DPROXY_SMS SMs (default 96) with an
 #   H200's peak DRAM bandwidth (4917 GB/s) while candle_fp4::partition::SmBlocker holds the
 #   others: does the decode step on an H100's 96 SMs land at the H200's fractions?
+# ptest: the GPU test of candle_fp4::partition (tests/gpu_partition.rs).
 # tlproxy: .carry/pgemv_bench-tl's per-warp timelines of the seven Llama layers (M = 1,
 #   spacers) on the full chip and on $DPROXY_SMS SMs (green context).
 # Any other step is scripts/s35-device.sh's (proxy, kvcheck, bench, benchtab, issue15; through
@@ -26,6 +27,9 @@ dproxy)
         fi
         echo "rc $?"; grep -E "^partition|^blocker|BROKEN|^copy|^row|graph" "$OUT/dproxy-$n.log" | cut -c1-120
     done
+    ;;
+ptest)
+    t gpu_partition 120
     ;;
 tlproxy)
     for n in full ${DPROXY_SMS:-96}; do

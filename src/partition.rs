@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 /// Plans made on `dev` after this call see `sms` SMs and, where `mem_bw` is given, that
 /// peak DRAM bandwidth in bytes per second (layers planned before keep their plans). Call
 /// it before loading the model, and hold the other SMs with [`SmBlocker::hold`].
+/// `plan_for(dev, device_sms(dev)?, None)` restores the device's own facts.
 pub fn plan_for(dev: &Device, sms: usize, mem_bw: Option<u64>) -> Result<()> {
     let Device::Cuda(d) = dev else {
         bail!("partition::plan_for needs a CUDA device")

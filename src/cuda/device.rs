@@ -51,7 +51,6 @@ static FACTS: OnceLock<Table> = OnceLock::new();
 /// The facts of `dev`, queried on the first call per CUDA context (a lock and a map
 /// lookup: for planning, at load; never on a per-call path).
 pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
-    use sys::CUdevice_attribute::*;
     let key = dev.cuda_stream().context().cu_ctx() as usize;
     let table = FACTS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut t = table
@@ -60,6 +59,14 @@ pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
     if let Some(f) = t.get(&key) {
         return Ok(f.clone());
     }
+    let f = Arc::new(query(dev)?);
+    t.insert(key, f.clone());
+    Ok(f)
+}
+
+/// The facts of `dev` as its driver reports them.
+fn query(dev: &CudaDevice) -> Result<DeviceFacts> {
+    use sys::CUdevice_attribute::*;
     let cc = (
         attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -71,7 +78,7 @@ pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
             cc.1
         )
     };
-    let f = Arc::new(DeviceFacts {
+    Ok(DeviceFacts {
         cc,
         sms: attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
         smem_optin: attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0)
@@ -83,17 +90,16 @@ pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
         ),
         image,
         arch: format!("sm{}{}", cc.0, cc.1),
-    });
-    t.insert(key, f.clone());
-    Ok(f)
+    })
 }
 
 /// Plans made on `dev` from now on (not those already made) see `sms` SMs and, where
 /// `mem_bw` is `Some`, that peak DRAM bandwidth instead of the device's own: for measuring
-/// the decode on part of a GPU (`crate::partition`). Errors when `sms` is 0 or more than
-/// the device has.
+/// the decode on part of a GPU (`crate::partition`). Always relative to what the driver
+/// reports (so `sms` = all of them and `mem_bw` = `None` restore the device's own facts).
+/// Errors when `sms` is 0 or more than the device has.
 pub(crate) fn override_facts(dev: &CudaDevice, sms: usize, mem_bw: Option<u64>) -> Result<()> {
-    let real = facts(dev)?;
+    let real = query(dev)?;
     if sms == 0 || sms > real.sms {
         bail!(
             "candle-fp4: cannot plan for {sms} SMs on a device with {}",
@@ -103,7 +109,7 @@ pub(crate) fn override_facts(dev: &CudaDevice, sms: usize, mem_bw: Option<u64>) 
     let f = Arc::new(DeviceFacts {
         sms,
         mem_bw: mem_bw.or(real.mem_bw),
-        ..(*real).clone()
+        ..real
     });
     let key = dev.cuda_stream().context().cu_ctx() as usize;
     FACTS
