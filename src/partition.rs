@@ -39,9 +39,12 @@ pub fn device_sms(dev: &Device) -> Result<usize> {
         .map_err(|e| cuda_err("cuDeviceGetAttribute(SM count)", e))
 }
 
-/// The blocker (`cfp4_sm_blocker`): thread 0 of each CTA writes `smid + 1` to its slot (`ctl[4 + cta]`, u32, in
-/// host-mapped memory), then polls `ctl[0]` every 20 µs until the host writes a non-zero
-/// value there (slot |= 1 << 30) or `max_ns` of `%globaltimer` pass (slot |= 1 << 31).
+/// The blocker (`cfp4_sm_blocker`): thread 0 of each CTA writes `smid + 1` to its slot
+/// (`ctl[4 + cta]`, u32, in host-mapped memory), then polls the word `flag` in device
+/// memory every ~20 µs until it is non-zero (slot |= 1 << 30) or `max_ns` of `%globaltimer`
+/// pass (slot |= 1 << 31). The flag is device memory, set by a host-to-device copy, not
+/// host memory: 36 CTAs polling host-mapped memory made every kernel beside them 4–13×
+/// slower on an H100 (the GPU's own command fetches share those PCIe reads).
 /// The probe (`cfp4_sm_probe`): thread 0 of each CTA writes `smid + 1` to `out[cta]`.
 /// Hand-written PTX (sm_70: `nanosleep`), JIT-compiled by the driver for any card.
 const BLOCKER_PTX: &str = r#"
@@ -49,14 +52,15 @@ const BLOCKER_PTX: &str = r#"
 .target sm_70
 .address_size 64
 
-.visible .entry cfp4_sm_blocker(.param .u64 ctl, .param .u64 max_ns)
+.visible .entry cfp4_sm_blocker(.param .u64 ctl, .param .u64 flag, .param .u64 max_ns)
 {
     .reg .pred %p<4>;
     .reg .b32 %r<8>;
-    .reg .b64 %rd<8>;
+    .reg .b64 %rd<10>;
     mov.u32 %r1, %tid.x;
     setp.ne.u32 %p1, %r1, 0;
     @%p1 bra DONE;
+    ld.param.u64 %rd8, [flag];
     ld.param.u64 %rd1, [ctl];
     ld.param.u64 %rd2, [max_ns];
     mov.u32 %r2, %ctaid.x;
@@ -70,7 +74,7 @@ const BLOCKER_PTX: &str = r#"
     mov.u64 %rd5, %globaltimer;
 SPIN:
     nanosleep.u32 20000;
-    ld.volatile.global.u32 %r5, [%rd1];
+    ld.volatile.global.u32 %r5, [%rd8];
     setp.ne.u32 %p2, %r5, 0;
     @%p2 bra RELEASED;
     mov.u64 %rd6, %globaltimer;
@@ -144,6 +148,8 @@ impl BlockerReport {
 pub struct SmBlocker {
     ctas: usize,
     ctl: *mut u32,
+    /// The release word the blocker polls (device memory).
+    flag: sys::CUdeviceptr,
     stream: sys::CUstream,
     module: sys::CUmodule,
     /// The probe's function, stream and output (host-mapped, 8 words per SM), all made
@@ -177,6 +183,7 @@ impl SmBlocker {
         let mut b = SmBlocker {
             ctas,
             ctl: std::ptr::null_mut(),
+            flag: 0,
             stream: std::ptr::null_mut(),
             module: std::ptr::null_mut(),
             probe_fn: std::ptr::null_mut(),
@@ -232,10 +239,19 @@ impl SmBlocker {
             // Once before the blocker, so the probe kernel is loaded whatever the loading
             // mode (its result is not looked at).
             b.launch_probe(probe_ctas)?;
+            let mut flag: sys::CUdeviceptr = 0;
+            sys::cuMemAlloc_v2(&mut flag, 4)
+                .result()
+                .map_err(|e| cuda_err("SmBlocker: cuMemAlloc (flag)", e))?;
+            b.flag = flag;
+            sys::cuMemsetD32_v2(flag, 0, 1)
+                .result()
+                .map_err(|e| cuda_err("SmBlocker: clearing the flag", e))?;
             let mut ctl_arg = dptr;
             let mut ns_arg = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
             let mut args = [
                 (&mut ctl_arg as *mut u64).cast::<std::ffi::c_void>(),
+                (&mut flag as *mut u64).cast::<std::ffi::c_void>(),
                 (&mut ns_arg as *mut u64).cast::<std::ffi::c_void>(),
             ];
             sys::cuLaunchKernel(
@@ -353,10 +369,19 @@ impl SmBlocker {
         if self.stream.is_null() {
             return Ok(());
         }
-        // SAFETY: `ctl` is live (freed only in Drop, after this); the stream is ours.
+        if self.flag == 0 {
+            // SAFETY: the blocker was never launched (the flag comes first); the stream is ours.
+            let _ = unsafe { result::stream::destroy(self.stream) };
+            self.stream = std::ptr::null_mut();
+            return Ok(());
+        }
+        // SAFETY: `ctl` (pinned) and `flag` are live (freed only in Drop, after this); the
+        // streams are ours. The copy engine sets the flag: no kernel is loaded for it.
         unsafe {
             std::ptr::write_volatile(self.ctl, 1);
-            let r = result::stream::synchronize(self.stream);
+            let r = sys::cuMemcpyHtoDAsync_v2(self.flag, self.ctl.cast(), 4, self.probe_stream)
+                .result()
+                .and_then(|_| result::stream::synchronize(self.stream));
             let _ = result::stream::destroy(self.stream);
             self.stream = std::ptr::null_mut();
             r.map_err(|e| cuda_err("SmBlocker: waiting for the release", e))
@@ -377,6 +402,9 @@ impl Drop for SmBlocker {
             }
             if !self.module.is_null() {
                 let _ = result::module::unload(self.module);
+            }
+            if self.flag != 0 {
+                let _ = sys::cuMemFree_v2(self.flag);
             }
             if !self.ctl.is_null() {
                 let _ = sys::cuMemFreeHost(self.ctl.cast());
