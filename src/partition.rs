@@ -42,9 +42,10 @@ pub fn device_sms(dev: &Device) -> Result<usize> {
 /// The blocker (`cfp4_sm_blocker`): thread 0 of each CTA writes `smid + 1` to its slot
 /// (`ctl[4 + cta]`, u32, in host-mapped memory), then polls the word `flag` in device
 /// memory every ~20 µs until it is non-zero (slot |= 1 << 30) or `max_ns` of `%globaltimer`
-/// pass (slot |= 1 << 31). The flag is device memory, set by a host-to-device copy, not
-/// host memory: 36 CTAs polling host-mapped memory made every kernel beside them 4–13×
-/// slower on an H100 (the GPU's own command fetches share those PCIe reads).
+/// pass (slot |= 1 << 31). The flag is device memory, set by a host-to-device copy: with
+/// 36 CTAs polling a host-mapped word instead, the decode step beside them ran 4–13×
+/// slower on an H100 (thirty-sixth session, call 2; the suspected cause: those PCIe reads
+/// delay the GPU's own fetches from host memory). Not yet measured with the device word.
 /// The probe (`cfp4_sm_probe`): thread 0 of each CTA writes `smid + 1` to `out[cta]`.
 /// Hand-written PTX (sm_70: `nanosleep`), JIT-compiled by the driver for any card.
 const BLOCKER_PTX: &str = r#"
