@@ -30,7 +30,6 @@ pub mod kv_cache;
 mod layout;
 pub mod norm;
 pub mod nvfp4;
-#[cfg(feature = "cuda")]
 pub mod partition;
 pub mod quant_config;
 pub mod quant_linear;

@@ -1,16 +1,6 @@
-//! Running on part of a GPU (feature `cuda`), for benchmarks: plan for `N` SMs and hold the
-//! others with a blocker grid, so that a GPU with fewer SMs — or, with a higher planned
-//! DRAM bandwidth, a GPU that asks more bytes of each SM — can be measured on the card at
-//! hand. Not on any model path.
-//!
-//! Why: an H200 asks each of its 132 SMs for ~32 GB/s (4.24 TB/s of copy), an H100 for ~23
-//! (3.02 TB/s); on 96 of its SMs an H100 asks ~31.5. A decode step's kernels cannot be put
-//! in a green context from outside (candle builds its device on the primary context), so
-//! [`SmBlocker`] keeps one CTA with all of an SM's shared memory resident on each SM to be
-//! held — no other CTA fits beside it — until it is dropped, and [`plan_for`] makes every
-//! planner that runs afterwards see the SMs left (and, if given, the DRAM bandwidth of the
-//! card being imitated: the L2 prefetch rule reads it).
+//! The blocker grid and the planner's SM override (feature `cuda`).
 
+use super::report::BlockerReport;
 use crate::cuda::{cuda_err, override_facts};
 use candle_core::cuda_backend::cudarc::driver::{result, sys};
 use candle_core::{bail, Device, Result};
@@ -114,31 +104,6 @@ PDONE:
     ret;
 }
 "#;
-
-const RELEASED: u32 = 1 << 30;
-const TIMED_OUT: u32 = 1 << 31;
-
-/// What the blocker's CTAs reported: the SM each sat on, and whether any left before it
-/// was released (then the measurement it covered ran on more SMs than planned).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockerReport {
-    /// The SM of each CTA that started (`%smid`).
-    pub sms: Vec<u32>,
-    /// CTAs that gave up at their time limit.
-    pub timed_out: usize,
-    /// CTAs that saw the release.
-    pub released: usize,
-}
-
-impl BlockerReport {
-    /// Every CTA started, on distinct SMs, and none has left on its own.
-    pub fn holds(&self, ctas: usize) -> bool {
-        let mut s = self.sms.clone();
-        s.sort_unstable();
-        s.dedup();
-        s.len() == ctas && self.sms.len() == ctas && self.timed_out == 0
-    }
-}
 
 /// One CTA with all of an SM's shared memory on each of `ctas` SMs, resident until dropped
 /// (or until its time limit). Hold it only around work whose kernels are all loaded (a
@@ -341,23 +306,12 @@ impl SmBlocker {
 
     /// The CTAs' slots as they read now.
     pub fn report(&self) -> BlockerReport {
-        let mut r = BlockerReport {
-            sms: vec![],
-            timed_out: 0,
-            released: 0,
-        };
-        for i in 0..self.ctas {
+        let slots: Vec<u32> = (0..self.ctas)
             // SAFETY: `ctl` holds 4 + ctas words for the blocker's life; the device writes
             // them, so they are read volatile.
-            let v = unsafe { std::ptr::read_volatile(self.ctl.add(4 + i)) };
-            if v == 0 {
-                continue;
-            }
-            r.sms.push((v & !(RELEASED | TIMED_OUT)) - 1);
-            r.timed_out += usize::from(v & TIMED_OUT != 0);
-            r.released += usize::from(v & RELEASED != 0);
-        }
-        r
+            .map(|i| unsafe { std::ptr::read_volatile(self.ctl.add(4 + i)) })
+            .collect();
+        BlockerReport::from_slots(&slots)
     }
 
     /// Releases the SMs, waits for the blocker to leave and returns what its CTAs reported.
@@ -411,24 +365,5 @@ impl Drop for SmBlocker {
                 let _ = sys::cuMemFreeHost(self.ctl.cast());
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{BlockerReport, TIMED_OUT};
-
-    #[test]
-    fn a_blocker_holds_only_distinct_sms_and_no_timeouts() {
-        let r = |sms: Vec<u32>, timed_out| BlockerReport {
-            sms,
-            timed_out,
-            released: 0,
-        };
-        assert!(r(vec![3, 0, 7], 0).holds(3));
-        assert!(!r(vec![3, 0, 3], 0).holds(3)); // two CTAs on one SM
-        assert!(!r(vec![3, 0], 0).holds(3)); // one never started
-        assert!(!r(vec![3, 0, 7], 1).holds(3)); // one left on its own
-        assert_eq!(TIMED_OUT, 0x8000_0000); // the PTX's -2147483648
     }
 }
