@@ -26,12 +26,12 @@ static void chain_report(const std::vector<ChainLayer>& ch, const std::vector<un
     const auto pct = tl_pct;
     unsigned long long t0 = ~0ull;
     for (size_t r = 0; r < stride; ++r)
-        if (h[r * 6] && h[r * 6 + 4]) t0 = std::min(t0, h[r * 6]);
+        if (h[r * TL_SLOTS] && h[r * TL_SLOTS + 4]) t0 = std::min(t0, h[r * TL_SLOTS]);
     double prev_end = -1;
     for (size_t i = 0; i < ch.size(); ++i) {
         std::vector<double> entry, rel, first, loop_end, end;
         for (size_t r = 0; r < stride; ++r) {
-            const unsigned long long* s = &h[(i * stride + r) * 6];
+            const unsigned long long* s = &h[(i * stride + r) * TL_SLOTS];
             if (s[0] == 0 || s[4] == 0 || s[0] < t0) continue;
             entry.push_back((s[0] - t0) * 1e-3);
             rel.push_back((s[1] - t0) * 1e-3);
@@ -124,15 +124,15 @@ static void run_chain(const char* which, double copy, __nv_bfloat16* x, float* p
         size_t stride = 0;
         for (auto& c : ch) stride = std::max(stride, size_t(c.pl.groups) * c.pl.split * 8);
         unsigned long long* dev = nullptr;
-        CK(cudaMalloc(&dev, stride * ch.size() * 6 * 8));
-        CK(cudaMemset(dev, 0, stride * ch.size() * 6 * 8));
+        CK(cudaMalloc(&dev, stride * ch.size() * TL_SLOTS * 8));
+        CK(cudaMemset(dev, 0, stride * ch.size() * TL_SLOTS * 8));
         const void* keys[4] = {ch[0].out, ch[1].out, ch[2].out, ch[3].out};
         cfp4_pgemv_set_timeline_keys(keys, 4, stride);
         cfp4_pgemv_set_timeline(dev);
         time_chain(true);
         cfp4_pgemv_set_timeline(nullptr);
         cfp4_pgemv_set_timeline_keys(keys, 0, 0);
-        std::vector<unsigned long long> h(stride * ch.size() * 6);
+        std::vector<unsigned long long> h(stride * ch.size() * TL_SLOTS);
         CK(cudaMemcpy(h.data(), dev, h.size() * 8, cudaMemcpyDeviceToHost));
         cudaFree(dev);
         chain_report(ch, h, stride);
