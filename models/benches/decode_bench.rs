@@ -20,11 +20,11 @@
 //!   CFP4_DECODE_ATTN=splits=N,fused=0|1 ... (the attention's knobs, for a sweep)
 //!   CFP4_DECODE_PARTS=1 ... (the batch-1 8B NVFP4 row: its parts timed inside CUDA graphs,
 //!   [`parts`])
-//!   CFP4_DECODE_SMS=N [CFP4_DECODE_MEM_BW=GB/s] ... (every row planned for N SMs while a
-//!   blocker holds the others, after the full chip's copy bandwidth: a GPU that asks more
-//!   of each SM, e.g. an H200's ~32 GB/s per SM on 96 SMs of an H100;
-//!   [`candle_fp4::partition`]. MEM_BW: the peak DRAM bandwidth the planners see, 4917 for
-//!   an H200's)
+//!   CFP4_DECODE_SMS=N [CFP4_DECODE_MEM_BW=GB/s] ... (every row planned for N SMs, and its
+//!   timed steps run while a blocker holds the others; the copy bandwidth is the full
+//!   chip's, and the trace and parts runs are not held: a GPU that asks more of each SM,
+//!   e.g. an H200's ~32 GB/s per SM on 96 SMs of an H100; [`candle_fp4::partition`].
+//!   MEM_BW: the peak DRAM bandwidth the planners see, 4917 for an H200's)
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, D};
