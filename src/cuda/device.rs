@@ -1,7 +1,7 @@
 //! What the planners need to know about a device, queried once per CUDA context.
 
 use super::images::Image;
-use super::launch::cuda_err;
+use super::launch::{ctx_key, cuda_err};
 use candle_core::cuda_backend::cudarc::driver::sys;
 use candle_core::{bail, CudaDevice, Result};
 use std::collections::HashMap;
@@ -27,11 +27,12 @@ pub(crate) struct DeviceFacts {
     pub arch: String,
 }
 
-fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
+/// One attribute of `dev` as the driver reports it (an error names the attribute).
+pub(crate) fn attribute(dev: &CudaDevice, a: sys::CUdevice_attribute) -> Result<i32> {
     dev.cuda_stream()
         .context()
         .attribute(a)
-        .map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+        .map_err(|e| cuda_err(&format!("cuDeviceGetAttribute({a:?})"), e))
 }
 
 /// Peak DRAM bytes per second from the driver's memory clock (kHz) and bus width (bits),
@@ -44,18 +45,22 @@ fn peak_bandwidth(clock_khz: Option<i32>, bus_bits: Option<i32>) -> Option<u64> 
     khz.checked_mul(1000)?.checked_mul(2)?.checked_mul(bits / 8)
 }
 
-type Table = Mutex<HashMap<usize, Arc<DeviceFacts>>>;
-/// Facts per CUDA context (its `CUcontext` as the key).
-static FACTS: OnceLock<Table> = OnceLock::new();
+type Table = HashMap<usize, Arc<DeviceFacts>>;
+
+/// Facts per CUDA context (`ctx_key`), locked.
+fn facts_table() -> Result<std::sync::MutexGuard<'static, Table>> {
+    static FACTS: OnceLock<Mutex<Table>> = OnceLock::new();
+    FACTS
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .map_err(|_| cuda_err("device facts", "poisoned lock"))
+}
 
 /// The facts of `dev`, queried on the first call per CUDA context (a lock and a map
 /// lookup: for planning, at load; never on a per-call path).
 pub(crate) fn facts(dev: &CudaDevice) -> Result<Arc<DeviceFacts>> {
-    let key = dev.cuda_stream().context().cu_ctx() as usize;
-    let table = FACTS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut t = table
-        .lock()
-        .map_err(|_| cuda_err("device facts", "poisoned lock"))?;
+    let key = ctx_key(dev);
+    let mut t = facts_table()?;
     if let Some(f) = t.get(&key) {
         return Ok(f.clone());
     }
@@ -111,12 +116,7 @@ pub(crate) fn override_facts(dev: &CudaDevice, sms: usize, mem_bw: Option<u64>) 
         mem_bw: mem_bw.or(real.mem_bw),
         ..real
     });
-    let key = dev.cuda_stream().context().cu_ctx() as usize;
-    FACTS
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .map_err(|_| cuda_err("device facts", "poisoned lock"))?
-        .insert(key, f);
+    facts_table()?.insert(ctx_key(dev), f);
     Ok(())
 }
 

@@ -15,7 +15,8 @@ pub(crate) fn cuda_err(what: &str, e: impl std::fmt::Debug) -> candle_core::Erro
     candle_core::Error::Cuda(format!("{what}: {e:?}").into())
 }
 
-fn ctx_key(dev: &CudaDevice) -> usize {
+/// The key of `dev`'s CUDA context in the per-device caches.
+pub(super) fn ctx_key(dev: &CudaDevice) -> usize {
     dev.cuda_stream().context().cu_ctx() as usize
 }
 

@@ -8,6 +8,6 @@ mod device;
 mod images;
 mod launch;
 
-pub(crate) use device::{facts, override_facts};
+pub(crate) use device::{attribute, facts, override_facts};
 pub(crate) use images::{Image, KernelFile};
 pub(crate) use launch::{cuda_err, launch, module, Launch, Loaded};

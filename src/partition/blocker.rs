@@ -1,7 +1,7 @@
 //! The blocker grid and the planner's SM override (feature `cuda`).
 
 use super::report::BlockerReport;
-use crate::cuda::{cuda_err, override_facts};
+use crate::cuda::{attribute, cuda_err, override_facts};
 use candle_core::cuda_backend::cudarc::driver::{result, sys};
 use candle_core::{bail, Device, Result};
 use std::time::{Duration, Instant};
@@ -22,11 +22,72 @@ pub fn device_sms(dev: &Device) -> Result<usize> {
     let Device::Cuda(d) = dev else {
         bail!("partition::device_sms needs a CUDA device")
     };
-    d.cuda_stream()
-        .context()
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map(|v| v.max(0) as usize)
-        .map_err(|e| cuda_err("cuDeviceGetAttribute(SM count)", e))
+    let sms = attribute(
+        d,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
+    Ok(sms.max(0) as usize)
+}
+
+/// `words` zeroed u32 of pinned host memory mapped into the device: the host pointer and
+/// the device's. Freed with `cuMemFreeHost` (the caller owns it, also on error: the host
+/// pointer is returned through `host` as soon as it exists).
+///
+/// # Safety
+/// The current context must be the device's.
+unsafe fn host_mapped(words: usize, host: &mut *mut u32) -> Result<sys::CUdeviceptr> {
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    sys::cuMemHostAlloc(&mut p, words * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        .result()
+        .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc", e))?;
+    *host = p.cast();
+    std::ptr::write_bytes(*host, 0, words);
+    let mut dptr: sys::CUdeviceptr = 0;
+    sys::cuMemHostGetDevicePointer_v2(&mut dptr, p, 0)
+        .result()
+        .map_err(|e| cuda_err("SmBlocker: cuMemHostGetDevicePointer", e))?;
+    Ok(dptr)
+}
+
+/// Launches `f` on `stream` as `ctas` one-warp CTAs with `smem` bytes of dynamic shared
+/// memory.
+///
+/// # Safety
+/// `args` must match `f`'s parameters and outlive the call; `f` and `stream` must be live.
+unsafe fn launch_warps(
+    f: sys::CUfunction,
+    ctas: usize,
+    smem: u32,
+    stream: sys::CUstream,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    let Ok(grid) = u32::try_from(ctas) else {
+        bail!("SmBlocker: {ctas} CTAs are too many for one launch")
+    };
+    sys::cuLaunchKernel(
+        f,
+        grid,
+        1,
+        1,
+        32,
+        1,
+        1,
+        smem,
+        stream,
+        args.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .result()
+    .map_err(|e| cuda_err("SmBlocker: launch", e))
+}
+
+/// The function `name` of the blocker's module.
+///
+/// # Safety
+/// `module` must be live.
+unsafe fn function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+    let c = std::ffi::CString::new(name).map_err(|e| cuda_err("SmBlocker", e))?;
+    result::module::get_function(module, c).map_err(|e| cuda_err(&format!("SmBlocker: {name}"), e))
 }
 
 /// The blocker (`cfp4_sm_blocker`): thread 0 of each CTA writes `smid + 1` to its slot
@@ -124,11 +185,14 @@ pub struct SmBlocker {
     probe_fn: sys::CUfunction,
     probe_stream: sys::CUstream,
     probe_out: *mut u32,
+    probe_dptr: sys::CUdeviceptr,
 }
 
 impl SmBlocker {
-    /// Launches the blocker on `ctas` SMs of `dev` and waits (up to 2 s) until every CTA
-    /// has started; `limit`: how long its CTAs stay if never released.
+    /// Launches the blocker on `ctas` SMs of `dev`, waits (up to 2 s) until every CTA has
+    /// started, and checks its hold: the CTAs on distinct SMs, and no CTA of a probe grid
+    /// beside them on those SMs (errors otherwise). `limit`: how long its CTAs stay if
+    /// never released.
     pub fn hold(dev: &Device, ctas: usize, limit: Duration) -> Result<Self> {
         let Device::Cuda(d) = dev else {
             bail!("SmBlocker needs a CUDA device")
@@ -140,11 +204,10 @@ impl SmBlocker {
         if ctas == 0 || ctas >= total {
             bail!("SmBlocker: cannot hold {ctas} of the device's {total} SMs")
         }
-        let smem = ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )
-            .map_err(|e| cuda_err("SmBlocker: shared memory per block", e))?;
+        let smem = attribute(
+            d,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
         let words = 4 + ctas;
         let mut b = SmBlocker {
             ctas,
@@ -155,53 +218,29 @@ impl SmBlocker {
             probe_fn: std::ptr::null_mut(),
             probe_stream: std::ptr::null_mut(),
             probe_out: std::ptr::null_mut(),
+            probe_dptr: 0,
         };
         let probe_ctas = total.saturating_mul(8);
         // SAFETY: plain driver calls on the context bound above; every object they create
         // is owned by `b` and released in its `Drop` (also on the error paths below).
         unsafe {
-            let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-            sys::cuMemHostAlloc(
-                &mut host,
-                words * 4,
-                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-            )
-            .result()
-            .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc", e))?;
-            b.ctl = host.cast();
-            std::ptr::write_bytes(b.ctl, 0, words);
-            let mut dptr: sys::CUdeviceptr = 0;
-            sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0)
-                .result()
-                .map_err(|e| cuda_err("SmBlocker: cuMemHostGetDevicePointer", e))?;
+            let ctl_dptr = host_mapped(words, &mut b.ctl)?;
             b.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
                 .map_err(|e| cuda_err("SmBlocker: stream", e))?;
             let src = std::ffi::CString::new(BLOCKER_PTX).map_err(|e| cuda_err("SmBlocker", e))?;
             b.module = result::module::load_data(src.as_ptr().cast())
                 .map_err(|e| cuda_err("SmBlocker: loading its PTX", e))?;
-            let f = result::module::get_function(
-                b.module,
-                std::ffi::CString::new("cfp4_sm_blocker").map_err(|e| cuda_err("SmBlocker", e))?,
-            )
-            .map_err(|e| cuda_err("SmBlocker: cfp4_sm_blocker", e))?;
+            let f = function(b.module, "cfp4_sm_blocker")?;
             result::function::set_function_attribute(
                 f,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem,
             )
             .map_err(|e| cuda_err("SmBlocker: shared memory attribute", e))?;
-            b.probe_fn = result::module::get_function(
-                b.module,
-                std::ffi::CString::new("cfp4_sm_probe").map_err(|e| cuda_err("SmBlocker", e))?,
-            )
-            .map_err(|e| cuda_err("SmBlocker: cfp4_sm_probe", e))?;
+            b.probe_fn = function(b.module, "cfp4_sm_probe")?;
             b.probe_stream = result::stream::create(result::stream::StreamKind::NonBlocking)
                 .map_err(|e| cuda_err("SmBlocker: probe stream", e))?;
-            let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
-            sys::cuMemHostAlloc(&mut out, probe_ctas * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
-                .result()
-                .map_err(|e| cuda_err("SmBlocker: cuMemHostAlloc (probe)", e))?;
-            b.probe_out = out.cast();
+            b.probe_dptr = host_mapped(probe_ctas, &mut b.probe_out)?;
             // Once before the blocker, so the probe kernel is loaded whatever the loading
             // mode (its result is not looked at).
             b.launch_probe(probe_ctas)?;
@@ -213,28 +252,14 @@ impl SmBlocker {
             sys::cuMemsetD32_v2(flag, 0, 1)
                 .result()
                 .map_err(|e| cuda_err("SmBlocker: clearing the flag", e))?;
-            let mut ctl_arg = dptr;
+            let mut ctl_arg = ctl_dptr;
             let mut ns_arg = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
             let mut args = [
                 (&mut ctl_arg as *mut u64).cast::<std::ffi::c_void>(),
                 (&mut flag as *mut u64).cast::<std::ffi::c_void>(),
                 (&mut ns_arg as *mut u64).cast::<std::ffi::c_void>(),
             ];
-            sys::cuLaunchKernel(
-                f,
-                ctas as u32,
-                1,
-                1,
-                32,
-                1,
-                1,
-                smem as u32,
-                b.stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()
-            .map_err(|e| cuda_err("SmBlocker: launch", e))?;
+            launch_warps(f, ctas, smem.max(0) as u32, b.stream, &mut args)?;
         }
         let t0 = Instant::now();
         while b.report().sms.len() < ctas {
@@ -246,6 +271,10 @@ impl SmBlocker {
                 )
             }
             std::thread::sleep(Duration::from_millis(1));
+        }
+        let r = b.report();
+        if !r.holds(ctas) {
+            bail!("SmBlocker: its {ctas} CTAs do not hold {ctas} distinct SMs: {r:?}")
         }
         b.probe(probe_ctas)?;
         Ok(b)
@@ -277,27 +306,11 @@ impl SmBlocker {
         // `hold` and live until Drop; the output is read after the stream is synchronized.
         unsafe {
             std::ptr::write_bytes(self.probe_out, 0, ctas);
-            let mut dptr: sys::CUdeviceptr = 0;
-            sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.probe_out.cast(), 0)
-                .result()
-                .map_err(|e| cuda_err("SmBlocker: probe pointer", e))?;
+            let mut dptr = self.probe_dptr;
             let mut args = [(&mut dptr as *mut u64).cast::<std::ffi::c_void>()];
-            sys::cuLaunchKernel(
-                self.probe_fn,
-                ctas as u32,
-                1,
-                1,
-                32,
-                1,
-                1,
-                0,
-                self.probe_stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()
-            .and_then(|_| result::stream::synchronize(self.probe_stream))
-            .map_err(|e| cuda_err("SmBlocker: probe", e))?;
+            launch_warps(self.probe_fn, ctas, 0, self.probe_stream, &mut args)?;
+            result::stream::synchronize(self.probe_stream)
+                .map_err(|e| cuda_err("SmBlocker: probe", e))?;
             Ok((0..ctas)
                 .map(|i| std::ptr::read_volatile(self.probe_out.add(i)))
                 .collect())
