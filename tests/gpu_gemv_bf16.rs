@@ -10,37 +10,23 @@
 
 mod gemv_gpu_common;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Module, Tensor};
 use candle_fp4::gemv::{bf16_gemv_planned_packed, plan_bf16_gemv, plan_bf16_gemv_with, GemvKnobs};
 use candle_fp4::quant_linear::QuantLinear;
-use gemv_gpu_common::{abs_dot, check, gpu, gpu_sms, rand_x, R};
-use rand::{rngs::StdRng, Rng, SeedableRng};
-
-/// A random BF16 `[n, k]` weight on the CPU.
-fn weight(n: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
-    let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
-    Tensor::from_vec(v, (n, k), &Device::Cpu)?.to_dtype(DType::BF16)
-}
-
-/// x · wᵀ in FP64, rounded to F32 (the reference before the epilogue).
-fn reference(x: &Tensor, w: &Tensor) -> R<Vec<Vec<f32>>> {
-    x.to_dtype(DType::F64)?
-        .matmul(&w.to_dtype(DType::F64)?.t()?)?
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()
-}
+use gemv_gpu_common::{abs_dot, bf16_weight, check, fp64_reference, gpu, gpu_sms, rand_x, R};
+use rand::{rngs::StdRng, SeedableRng};
 
 /// Runs every `m` and epilogue on an `[n, k]` weight; returns the kernels the plans chose.
 fn run(n: usize, k: usize, ms: &[usize], silus: &[bool], seed: u64) -> R<Vec<String>> {
     let dev = gpu();
     let mut rng = StdRng::seed_from_u64(seed);
-    let w = weight(n, k, &mut rng)?;
+    let w = bf16_weight(n, k, &mut rng)?;
     let wg = w.to_device(&dev)?;
     let mut kernels = Vec::new();
     for &m in ms {
         let x = rand_x(m, k, &mut rng)?;
         let xg = x.to_device(&dev)?;
-        let pre = reference(&x, &w)?;
+        let pre = fp64_reference(&x, &w)?;
         let absd = abs_dot(&xg, &wg, 1.0)?;
         for &silu in silus {
             for pdl in [false, true] {
@@ -118,9 +104,9 @@ fn gemv_knobs_reach_the_layer() -> R<()> {
     let dev = gpu();
     let (n, k) = (4096, 4096);
     let mut rng = StdRng::seed_from_u64(21);
-    let w = weight(n, k, &mut rng)?;
+    let w = bf16_weight(n, k, &mut rng)?;
     let x = rand_x(1, k, &mut rng)?;
-    let pre = reference(&x, &w)?;
+    let pre = fp64_reference(&x, &w)?;
     let (xg, wg) = (x.to_device(&dev)?, w.to_device(&dev)?);
     let absd = abs_dot(&xg, &wg, 1.0)?;
     let mut q = QuantLinear::from_bf16(wg, None)?;

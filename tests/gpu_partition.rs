@@ -8,11 +8,11 @@
 
 mod gemv_gpu_common;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use candle_fp4::gemv::{bf16_gemv_planned_packed, plan_bf16_gemv_with, GemvKnobs};
 use candle_fp4::partition::{device_sms, plan_for, SmBlocker};
-use gemv_gpu_common::{abs_dot, check, gpu, rand_x, R};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use gemv_gpu_common::{abs_dot, bf16_weight, check, fp64_reference, gpu, rand_x, R};
+use rand::{rngs::StdRng, SeedableRng};
 use std::time::Duration;
 
 #[test]
@@ -30,15 +30,10 @@ fn a_gemv_planned_for_the_sms_left_runs_beside_the_blocker() -> R<()> {
     // Rows past the last whole tile; one token.
     let (n, k) = (4096 + 40, 4096);
     let mut rng = StdRng::seed_from_u64(11);
-    let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
-    let w = Tensor::from_vec(v, (n, k), &Device::Cpu)?.to_dtype(DType::BF16)?;
+    let w = bf16_weight(n, k, &mut rng)?;
     let x = rand_x(1, k, &mut rng)?;
     let (wg, xg) = (w.to_device(&dev)?, x.to_device(&dev)?);
-    let pre = x
-        .to_dtype(DType::F64)?
-        .matmul(&w.to_dtype(DType::F64)?.t()?)?
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()?;
+    let pre = fp64_reference(&x, &w)?;
     let absd = abs_dot(&xg, &wg, 1.0)?;
     let plan = plan_bf16_gemv_with(&wg, false, &GemvKnobs::with_pdl(false))?
         .expect("the BF16 kernels serve this shape");

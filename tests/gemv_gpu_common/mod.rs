@@ -59,6 +59,20 @@ pub fn layer(n: usize, k: usize, rng: &mut StdRng) -> R<Layer> {
     })
 }
 
+/// A random BF16 `[n, k]` weight on the CPU.
+pub fn bf16_weight(n: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
+    let v: Vec<f32> = (0..n * k).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+    Tensor::from_vec(v, (n, k), &Device::Cpu)?.to_dtype(DType::BF16)
+}
+
+/// x · wᵀ in FP64, rounded to F32 (the reference before the epilogue).
+pub fn fp64_reference(x: &Tensor, w: &Tensor) -> R<Vec<Vec<f32>>> {
+    x.to_dtype(DType::F64)?
+        .matmul(&w.to_dtype(DType::F64)?.t()?)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()
+}
+
 pub fn rand_x(m: usize, k: usize, rng: &mut StdRng) -> R<Tensor> {
     let v: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     Tensor::from_vec(v, (m, k), &Device::Cpu)?.to_dtype(DType::BF16)
