@@ -17,14 +17,10 @@ if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (dea
 case "$step" in
 dproxy)
     for n in full ${DPROXY_SMS:-96}; do
+        sm=""; [ "$n" = full ] || sm=$n
         echo "== decode_bench b1 ctx512 kvbf16 graph rows, SMs: $n"
-        if [ "$n" = full ]; then
-            env CFP4_DECODE_ONLY="b1 ctx512 kvbf16 graph" timeout 200 ./.carry/decode_bench --bench \
-                > "$OUT/dproxy-$n.log" 2>&1
-        else
-            env CFP4_DECODE_SMS=$n CFP4_DECODE_MEM_BW=4917 CFP4_DECODE_ONLY="b1 ctx512 kvbf16 graph" \
-                timeout 200 ./.carry/decode_bench --bench > "$OUT/dproxy-$n.log" 2>&1
-        fi
+        env ${sm:+CFP4_DECODE_SMS=$sm CFP4_DECODE_MEM_BW=4917} CFP4_DECODE_ONLY="b1 ctx512 kvbf16 graph" \
+            timeout 200 ./.carry/decode_bench --bench > "$OUT/dproxy-$n.log" 2>&1
         echo "rc $?"; grep -E "^partition|^blocker|BROKEN|^copy|^row|graph" "$OUT/dproxy-$n.log" | cut -c1-120
     done
     ;;
