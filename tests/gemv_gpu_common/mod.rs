@@ -17,18 +17,7 @@ pub fn gpu() -> Device {
 
 /// SMs of the test GPU.
 pub fn gpu_sms() -> R<usize> {
-    match gpu() {
-        Device::Cuda(d) => {
-            use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
-            let v = d
-                .cuda_stream()
-                .context()
-                .attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|e| candle_core::Error::Msg(format!("{e:?}")))?;
-            Ok(v as usize)
-        }
-        _ => Ok(0),
-    }
+    candle_fp4::partition::device_sms(&gpu())
 }
 
 /// Random NVFP4 layer: every code byte, scales spanning subnormal to 448 (swizzled, with
