@@ -4,9 +4,11 @@
 #   8B and 70B layer chains under PDL with each pre-wait prefetch mode (none, register
 #   stages, 16-96 KB per CTA into shared memory): does a deeper prefetch before
 #   griddepcontrol.wait shorten the boundary, and does the release wait for it?
-# spchain / spm1: .carry/pgemv_bench-sptl (the packed GEMV with CFP4_PGEMV_SMEM_PRE: each warp's
-#   first steps copied to shared memory before the wait, CFP4_PGEMV_SMEMPRE KB per CTA,
-#   $SP_KB, default "0 48 96") in the 8B / 70B layer chains, and the seven layers at M = 1.
+# spchain / spm1: .carry/pgemv_bench-sptl (the packed GEMV's shared-memory weight steps before
+#   the wait, CFP4_PGEMV_SMEMPRE KB per CTA, $SP_KB, default "0 48 96"; timelines on) in the
+#   8B / 70B layer chains, and the seven layers at M = 1.
+# spab: decode_bench rows (8B b1, 70B b1, 8B b8) with CFP4_DECODE_SMEM_PRE = 0, 48, 96 KB,
+#   alternating, $AB_ROUNDS rounds. sptest: gpu_gemv_packed (the steps change no bit).
 # Any other step is scripts/s36-device.sh's (dproxy, ptest, tlproxy; through it s35 → s31).
 # DEADLINE_S: steps that would start later are skipped.
 set -o pipefail
@@ -35,6 +37,15 @@ spm1)
             timeout 120 ./.carry/pgemv_bench-sptl > "$OUT/spm1-$kb.log" 2>&1; echo "rc $?"
         grep -E "^copy|^\| (8B|70B)|FAIL" "$OUT/spm1-$kb.log" | cut -c1-200
     done
+    ;;
+spab)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows spab decode_bench "decode_bench CFP4_DECODE_SMEM_PRE=48" \
+        "decode_bench CFP4_DECODE_SMEM_PRE=96"
+    pack_logs spab
+    ;;
+sptest)
+    t gpu_gemv_packed 300
     ;;
 *)
     DEADLINE_S=100000 bash scripts/s36-device.sh "$step" | grep -v "^== done"
