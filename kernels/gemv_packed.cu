@@ -447,7 +447,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // aligned) holds [warp][pre_steps][tile][codes chunk 0 | chunk 1 (32 lanes x 16 B each)
     // | scale words (32 x 4 B)]; each lane copies and later reads only its own pieces, so a
     // wait on its own groups makes them visible (no barrier).
-    constexpr int PRE_BYTES = 1152;
+    constexpr int PRE_BYTES = 1152;  // PRE_STEP_BYTES of src/gemv/packed/geometry.rs
     int pre = 0;
     const unsigned char* pre_base = nullptr;
     if constexpr (!BW && !NORM) {
