@@ -7,7 +7,7 @@
 # spchain / spm1: .carry/pgemv_bench-sptl (the packed GEMV's shared-memory weight steps before
 #   the wait, CFP4_PGEMV_SMEMPRE KB per CTA, $SP_KB, default "0 48 96"; timelines on) in the
 #   8B / 70B layer chains, and the seven layers at M = 1.
-# spab: decode_bench rows (8B b1, 70B b1, 8B b8) with CFP4_DECODE_SMEM_PRE = 0, 48, 96 KB,
+# spab: decode_bench rows (8B b1, 70B b1, 8B b8) with CFP4_DECODE_SMEM_PRE = 0 and $SPAB_KB (48 96) KB,
 #   alternating, $AB_ROUNDS rounds. sptest: gpu_gemv_packed (the steps change no bit).
 # Any other step is scripts/s36-device.sh's (dproxy, ptest, tlproxy; through it s35 → s31).
 # DEADLINE_S: steps that would start later are skipped.
@@ -39,9 +39,10 @@ spm1)
     done
     ;;
 spab)
+    vs=(decode_bench)
+    for kb in ${SPAB_KB:-48 96}; do vs+=("decode_bench CFP4_DECODE_SMEM_PRE=$kb"); done
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;70b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows spab decode_bench "decode_bench CFP4_DECODE_SMEM_PRE=48" \
-        "decode_bench CFP4_DECODE_SMEM_PRE=96"
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_rows spab "${vs[@]}"
     pack_logs spab
     ;;
 sptest)
