@@ -130,7 +130,7 @@ pub(super) fn grid_and_workspace(
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
 /// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
 /// device's image; `pre_kb`: KB of shared memory per CTA for weight steps fetched before
-/// the PDL wait (0: none; only with PDL on an sm_90+ image).
+/// the PDL wait (0: none; only with PDL on an sm_90+ image, at token tile 1).
 pub(crate) fn plan(
     dev: &CudaDevice,
     l: &PackedLayout,
@@ -199,7 +199,8 @@ pub(crate) fn plan(
             fa.smem_optin,
         )?;
     }
-    if pdl && pre_kb > 0 {
+    // The kernels take the steps at one token tile only (gemv_packed.cu).
+    if pdl && pre_kb > 0 && nt == 1 {
         plan_pre(&loaded, &mut p, (u, split), pre_kb, fa.sms, fa.smem_optin)?;
     }
     Ok(p)
