@@ -23,6 +23,9 @@
 // of the copy bandwidth measured in the same run, and from one replay's per-CTA
 // %globaltimer stamps: each layer kernel's release (p50 over CTAs) after the previous
 // kernel's last CTA end, and its last CTA end after its release.
+// Then the same chains as one persistent kernel (fused-none / fused-reg4 / fused-reg8): grid
+// barriers instead of kernel boundaries, the next layer's first loads asked for before the
+// barrier: what a step of fewer kernels could save at each boundary.
 // Built by scripts/proto/build-prewait-bench.sh; run on the device: ./prewait_bench.
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -141,6 +144,94 @@ __global__ void __launch_bounds__(THREADS) spacer_kernel(SpacerParams p) {
     }
 }
 
+// The same chain as one persistent kernel (the "fewer kernels" alternative): every CTA walks
+// the nodes; a layer node streams the CTA's slice as layer_kernel does, a spacer node spins on
+// CTA 0; between nodes a grid barrier (one counter, release/acquire) stands in for the kernel
+// boundary. With `pre`, a CTA that has finished a layer asks for the next layer's first D
+// words per thread before it enters the barrier (the PDL chain's register stages).
+struct FusedNode {
+    const uint4* w;
+    unsigned long long words;  // 0: a spacer
+    unsigned* out;             // one word per CTA (a spacer: one word)
+    long ns;                   // spacer spin
+};
+
+struct FusedParams {
+    const FusedNode* nodes;
+    int count;
+    unsigned* bar;  // zeroed before each launch
+    int pre;
+};
+
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& target) {
+    __syncthreads();
+    target += gridDim.x;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(bar, 1u);
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(bar) : "memory");
+        } while (static_cast<int>(v - target) < 0);
+    }
+    __syncthreads();
+}
+
+template <int D>
+__global__ void __launch_bounds__(THREADS) fused_kernel(FusedParams p) {
+    const unsigned long long g = gridDim.x, b = blockIdx.x;
+    unsigned target = 0;
+    uint4 r[D];
+    bool have = false;
+    for (int n = 0; n < p.count; ++n) {
+        const FusedNode nd = p.nodes[n];
+        if (nd.words == 0) {
+            if (b == 0 && threadIdx.x == 0) {
+                const unsigned long long t1 = now_ns();
+                while (now_ns() - t1 < (unsigned long long)nd.ns) {
+                }
+                *nd.out += 1;
+            }
+            grid_sync(p.bar, target);
+            continue;
+        }
+        const unsigned long long lo = nd.words * b / g, hi = nd.words * (b + 1) / g;
+        unsigned long long i = lo + threadIdx.x;
+        unsigned acc = 0;
+        if (have) {
+#pragma unroll
+            for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
+            i += (unsigned long long)D * THREADS;
+            have = false;
+        }
+        for (; i + (unsigned long long)(D - 1) * THREADS < hi; i += (unsigned long long)D * THREADS) {
+#pragma unroll
+            for (int d = 0; d < D; ++d) r[d] = ld_stream(nd.w + i + (unsigned long long)d * THREADS);
+#pragma unroll
+            for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
+        }
+        for (; i < hi; i += THREADS) acc ^= fold(ld_stream(nd.w + i));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+        if ((threadIdx.x & 31) == 0) atomicXor(nd.out + b, acc);
+        if (p.pre) {
+            int m = n + 1;
+            while (m < p.count && p.nodes[m].words == 0) ++m;
+            if (m < p.count) {
+                const FusedNode nx = p.nodes[m];
+                const unsigned long long nlo = nx.words * b / g, nhi = nx.words * (b + 1) / g;
+                const unsigned long long j = nlo + threadIdx.x;
+                if (j + (unsigned long long)(D - 1) * THREADS < nhi) {
+#pragma unroll
+                    for (int d = 0; d < D; ++d) r[d] = ld_stream(nx.w + j + (unsigned long long)d * THREADS);
+                    have = true;
+                }
+            }
+        }
+        grid_sync(p.bar, target);
+    }
+}
+
 struct Mode {
     const char* name;
     int d;          // loads in flight per thread in the loop (4 or 8)
@@ -226,6 +317,22 @@ int main() {
         {"none", 4, 0, 0},      {"reg4", 4, 1, 0},       {"reg8", 8, 1, 0},      {"smem16", 4, 1, 16},
         {"smem32", 4, 1, 32},   {"smem64", 4, 1, 64},    {"smem96", 4, 1, 96},
     };
+    struct FusedMode {
+        const char* name;
+        int d, pre;
+    };
+    const std::vector<FusedMode> fused_modes = {{"fused-none", 4, 0}, {"fused-reg4", 4, 1}, {"fused-reg8", 8, 1}};
+    // The barrier needs every CTA resident at once.
+    for (int d : {4, 8}) {
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, d == 8 ? fused_kernel<8> : fused_kernel<4>, THREADS, 0));
+        if (per_sm < CTAS_PER_SM) {
+            fprintf(stderr, "fused_kernel<%d>: %d CTAs per SM resident, need %d\n", d, per_sm, CTAS_PER_SM);
+            return 1;
+        }
+    }
+    unsigned* bar;
+    CK(cudaMalloc(&bar, sizeof(unsigned)));
     int max_kb = 0;
     for (const Mode& m : modes) max_kb = std::max(max_kb, m.pre_kb);
     CK(cudaFuncSetAttribute(layer_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_kb * 1024));
@@ -330,6 +437,42 @@ int main() {
                    100.0 * gbs / copy_gbs, rel.c_str(), end.c_str());
             fflush(stdout);
         }
+        // The persistent kernel over the same nodes and buffers, and over the spacers alone
+        // (layer nodes as 0 ns spacers: the same barriers) to take out.
+        std::vector<FusedNode> fn, fs;
+        for (const Launch& x : ls) {
+            if (x.spacer) {
+                fn.push_back(FusedNode{nullptr, 0, x.sp.word, x.sp.ns});
+                fs.push_back(fn.back());
+            } else {
+                fn.push_back(FusedNode{x.lp.w, x.lp.words, x.lp.out, 0});
+                fs.push_back(FusedNode{nullptr, 0, x.lp.out, 0});
+            }
+        }
+        FusedNode *dfn, *dfs;
+        CK(cudaMalloc(&dfn, sizeof(FusedNode) * fn.size()));
+        CK(cudaMalloc(&dfs, sizeof(FusedNode) * fs.size()));
+        CK(cudaMemcpy(dfn, fn.data(), sizeof(FusedNode) * fn.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dfs, fs.data(), sizeof(FusedNode) * fs.size(), cudaMemcpyHostToDevice));
+        for (const FusedMode& m : fused_modes) {
+            auto run = [&](const FusedNode* nodes) {
+                const FusedParams fp{nodes, int(fn.size()), bar, m.pre};
+                return 1000.0 * graph_ms_per_replay(st, 1, [&](int) {
+                    CK(cudaMemsetAsync(bar, 0, sizeof(unsigned), st));
+                    if (m.d == 8) fused_kernel<8><<<grid, THREADS, 0, st>>>(fp);
+                    else fused_kernel<4><<<grid, THREADS, 0, st>>>(fp);
+                    CK(cudaGetLastError());
+                });
+            };
+            const double us = run(dfn), sp = run(dfs);
+            const double per_layer = (us - sp) / c.layers;
+            const double gbs = layer_bytes / (per_layer * 1e-6) / 1e9;
+            printf("| %s | %s | %.2f | %.2f | %.0f | %.1f%% | (one kernel) | |\n", c.name, m.name, per_layer, sp / c.layers, gbs,
+                   100.0 * gbs / copy_gbs);
+            fflush(stdout);
+        }
+        CK(cudaFree(dfn));
+        CK(cudaFree(dfs));
         CK(cudaFree(w));
     }
     CK(cudaGetLastError());
