@@ -58,6 +58,29 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 
 __device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
+// The streaming part of a CTA's slice, this thread's words from i (its first) to hi: the D
+// words prefetched into `pre` first when `have`, then D loads in flight per step, then the
+// tail; their xor.
+template <int D>
+__device__ __forceinline__ unsigned stream_rest(const uint4* w, unsigned long long i, unsigned long long hi,
+                                                const uint4 (&pre)[D], bool have) {
+    unsigned acc = 0;
+    if (have) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc ^= fold(pre[d]);
+        i += (unsigned long long)D * THREADS;
+    }
+    uint4 r[D];
+    for (; i + (unsigned long long)(D - 1) * THREADS < hi; i += (unsigned long long)D * THREADS) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) r[d] = ld_stream(w + i + (unsigned long long)d * THREADS);
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
+    }
+    for (; i < hi; i += THREADS) acc ^= fold(ld_stream(w + i));
+    return acc;
+}
+
 struct LayerParams {
     const uint4* w;            // this layer's bytes, 16-byte words
     unsigned long long words;  // how many
@@ -92,19 +115,7 @@ __global__ void __launch_bounds__(THREADS) layer_kernel(LayerParams p) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const unsigned long long t1 = now_ns();
-    unsigned acc = 0;
-    if (have) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
-        i += (unsigned long long)D * THREADS;
-    }
-    for (; i + (unsigned long long)(D - 1) * THREADS < hi; i += (unsigned long long)D * THREADS) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) r[d] = ld_stream(p.w + i + (unsigned long long)d * THREADS);
-#pragma unroll
-        for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
-    }
-    for (; i < hi; i += THREADS) acc ^= fold(ld_stream(p.w + i));
+    unsigned acc = stream_rest<D>(p.w, i, hi, r, have);
     asm volatile("cp.async.wait_all;" ::: "memory");
     for (unsigned long long j = lo + threadIdx.x; j < pre_hi; j += THREADS) acc ^= fold(smem[j - lo]);
     // One word per CTA: a warp xor, then lane 0 of each warp.
@@ -196,21 +207,8 @@ __global__ void __launch_bounds__(THREADS) fused_kernel(FusedParams p) {
             continue;
         }
         const unsigned long long lo = nd.words * b / g, hi = nd.words * (b + 1) / g;
-        unsigned long long i = lo + threadIdx.x;
-        unsigned acc = 0;
-        if (have) {
-#pragma unroll
-            for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
-            i += (unsigned long long)D * THREADS;
-            have = false;
-        }
-        for (; i + (unsigned long long)(D - 1) * THREADS < hi; i += (unsigned long long)D * THREADS) {
-#pragma unroll
-            for (int d = 0; d < D; ++d) r[d] = ld_stream(nd.w + i + (unsigned long long)d * THREADS);
-#pragma unroll
-            for (int d = 0; d < D; ++d) acc ^= fold(r[d]);
-        }
-        for (; i < hi; i += THREADS) acc ^= fold(ld_stream(nd.w + i));
+        unsigned acc = stream_rest<D>(nd.w, lo + threadIdx.x, hi, r, have);
+        have = false;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
         if ((threadIdx.x & 31) == 0) atomicXor(nd.out + b, acc);
