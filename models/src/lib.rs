@@ -50,4 +50,4 @@ pub mod validate;
 pub use config::{LlamaConfig, RopeScaling};
 pub use kv_cache::LayerCache;
 pub use llama::random::RandomSpec;
-pub use llama::{Llama, LoadOptions, StepOutput, DEFAULT_KV_WINDOW, MAX_LOGIT_ROWS};
+pub use llama::{Llama, LmHead, LoadOptions, StepOutput, DEFAULT_KV_WINDOW, MAX_LOGIT_ROWS};

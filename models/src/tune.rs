@@ -6,6 +6,7 @@
 use crate::config::LlamaConfig;
 use anyhow::{bail, Context, Result};
 use candle_fp4::tables::TableEntry;
+use candle_fp4::tensor_parallel::vocab_parallel;
 
 /// One GEMV the model runs per token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +23,8 @@ pub struct GemvShape {
 
 /// The GEMV shapes of `cfg` for one rank of a `tp`-way tensor-parallel group (1: the
 /// whole model): q|k|v and gate|up split by columns (heads, intermediate rows), o and
-/// down by rows (their K), the lm_head whole. Every split must be exact (whole heads per
+/// down by rows (their K), the lm_head by its vocabulary rows where they divide
+/// ([`vocab_parallel`], as the model splits it) and whole otherwise. Every split must be exact (whole heads per
 /// rank) or it is an error naming the dimension.
 pub fn gemv_shapes(cfg: &LlamaConfig, tp: usize) -> Result<Vec<GemvShape>> {
     let (h, hd, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
@@ -50,7 +52,16 @@ pub fn gemv_shapes(cfg: &LlamaConfig, tp: usize) -> Result<Vec<GemvShape>> {
         s("o", h, nh * hd / tp, false),
         s("gate|up", 2 * i / tp, h, true),
         s("down", h, i / tp, false),
-        s("lm_head", cfg.vocab_size, h, false),
+        s(
+            "lm_head",
+            if vocab_parallel(cfg.vocab_size, tp) {
+                cfg.vocab_size / tp
+            } else {
+                cfg.vocab_size
+            },
+            h,
+            false,
+        ),
     ])
 }
 
@@ -167,9 +178,13 @@ mod tests {
                 (8192, 4096, false),
                 (28672, 8192, true),
                 (8192, 14336, false),
-                (128256, 8192, false)
+                (64128, 8192, false)
             ]
         );
+        // A vocabulary that does not divide keeps the lm_head whole on every rank.
+        let mut odd = c.clone();
+        odd.vocab_size = 128257;
+        assert_eq!(gemv_shapes(&odd, 2).unwrap()[4].n, 128257);
         assert!(gemv_shapes(&c, 3).is_err(), "64 heads do not split 3 ways");
         assert!(gemv_shapes(&c, 0).is_err());
     }

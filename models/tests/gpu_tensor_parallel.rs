@@ -128,3 +128,41 @@ fn nccl_sharded_graph_decode_matches_the_unsharded_model() {
     }
     eprintln!("{ranks} NCCL rank(s), {steps} graph steps: worst |diff| {worst}");
 }
+
+#[test]
+fn nccl_all_gather_lays_ranks_side_by_side() {
+    // Every rank gathers a [3, 5] (several rows: the rank-major result must be re-laid
+    // out) whose values name the rank and the element; with one GPU the group has one
+    // rank and the gather must be the identity, through NCCL all the same.
+    let ranks = gpus().min(2);
+    assert!(ranks >= 1, "this test needs a CUDA GPU");
+    let value = |r: usize, i: usize| (100 * r + i) as f32;
+    let id = NcclId::new().unwrap();
+    let got: Vec<(Vec<usize>, Vec<f32>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = Shard::all(ranks)
+            .unwrap()
+            .into_iter()
+            .map(|shard| {
+                s.spawn(move || {
+                    let dev = Device::new_cuda(shard.rank()).unwrap();
+                    let g = NcclGroup::new(&dev, shard, id).unwrap();
+                    let v: Vec<f32> = (0..15).map(|i| value(shard.rank(), i)).collect();
+                    let x = Tensor::from_vec(v, (3, 5), &dev)
+                        .unwrap()
+                        .to_dtype(DType::BF16)
+                        .unwrap();
+                    let y = g.all_gather_last(&x).unwrap();
+                    (y.dims().to_vec(), host(&y))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let want: Vec<f32> = (0..3)
+        .flat_map(|row| (0..ranks).flat_map(move |r| (0..5).map(move |j| value(r, 5 * row + j))))
+        .collect();
+    for (r, (dims, v)) in got.iter().enumerate() {
+        assert_eq!(dims, &[3, 5 * ranks], "rank {r}");
+        assert_eq!(v, &want, "rank {r}");
+    }
+}

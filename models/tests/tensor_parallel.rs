@@ -14,6 +14,10 @@
 //!   without amplifying it much; the test feeds both runs the reference's tokens, and
 //!   checks the argmax only where the reference's top two are further apart than the
 //!   bound.
+//! * the batched decode step (two sequences of different lengths, the logits of both
+//!   all-gathered from the vocabulary-parallel `lm_head`) within the same bound, every rank
+//!   the same logits; a rank that draws its own shard (`random_rank`) holds its slice of
+//!   the vocabulary and still returns whole, identical logits;
 //! * a split that does not divide (the tiny ModelOpt model's single KV head over 2 ranks) is
 //!   an error naming the sizes on every rank, not a panic or a hang.
 
@@ -109,9 +113,12 @@ fn sharded_random_model_decodes_like_the_unsharded_one() {
                 let mut m = Llama::random_sharded(cfg(), SPEC, &opts(dtype), &Device::Cpu, Some(r))
                     .unwrap();
                 assert_eq!(m.config().num_key_value_heads, 4 / ranks);
+                // 300 rows divide by 2 and 4: each rank holds its slice of the vocabulary.
+                assert_eq!(m.lm_head().is_split(), ranks > 1);
+                assert_eq!(m.lm_head().linear().out_features(), 300 / ranks);
                 decode(&mut m, &prompt, steps, Some(&ref_toks))
             });
-            // Every rank computes the same logits (replicated lm_head after the sums).
+            // Every rank computes the same logits (the lm_head's slices all-gathered).
             for (i, r) in runs.iter().enumerate().skip(1) {
                 assert_eq!(
                     r.1, runs[0].1,
@@ -149,6 +156,70 @@ fn sharded_random_model_decodes_like_the_unsharded_one() {
     }
 }
 
+/// Two sequences (prompts of 5 and 2 tokens) through `steps` batched decode steps fed the
+/// tokens `feed` gives per step; the logits `[2, vocab]` of each step, flattened.
+fn decode_batch(m: &mut Llama, steps: usize, feed: &dyn Fn(usize) -> [u32; 2]) -> Vec<Vec<f32>> {
+    m.prefill_seq(0, &[3, 141, 59, 26, 5]).unwrap();
+    m.prefill_seq(1, &[77, 8]).unwrap();
+    (0..steps)
+        .map(|i| {
+            let l = m.decode_logits(&feed(i)).unwrap();
+            assert_eq!(l.dims(), [2, 300]);
+            l.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn sharded_batched_decode_step_matches_the_unsharded_one() {
+    let o = LoadOptions {
+        batch: 2,
+        ..opts(DType::BF16)
+    };
+    let feed = |i: usize| [(7 * i as u32 + 1) % 300, (13 * i as u32 + 5) % 300];
+    let mut full = Llama::random(cfg(), SPEC, &o, &Device::Cpu).unwrap();
+    let want = decode_batch(&mut full, 6, &feed);
+    for ranks in [2usize, 4] {
+        let runs = on_ranks(ranks, |r| {
+            let mut m = Llama::random_sharded(cfg(), SPEC, &o, &Device::Cpu, Some(r)).unwrap();
+            assert!(m.lm_head().is_split());
+            decode_batch(&mut m, 6, &feed)
+        });
+        for (i, r) in runs.iter().enumerate().skip(1) {
+            assert_eq!(r, &runs[0], "{ranks} ranks: rank {i} differs from rank 0");
+        }
+        for (step, (a, b)) in runs[0].iter().zip(&want).enumerate() {
+            // Each sequence's row against its own largest logit (the bound above).
+            for (ra, rb) in a.chunks(300).zip(b.chunks(300)) {
+                let max = rb.iter().fold(1f32, |m, v| m.max(v.abs()));
+                let bound = 4.0 * ulp(DType::BF16) * max;
+                let d = ra
+                    .iter()
+                    .zip(rb)
+                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    d <= bound,
+                    "{ranks} ranks step {step}: |Δlogit| {d} > {bound}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_drawing_its_own_shard_keeps_a_slice_of_the_vocabulary() {
+    let runs = on_ranks(2, |r| {
+        let mut m = Llama::random_rank(cfg(), SPEC, &opts(DType::F32), &Device::Cpu, r).unwrap();
+        assert!(m.lm_head().is_split());
+        assert_eq!(m.lm_head().linear().out_features(), 150);
+        decode(&mut m, &[3, 141, 59], 3, None).1
+    });
+    assert_eq!(runs[0], runs[1], "the ranks' gathered logits differ");
+    assert!(runs[0]
+        .iter()
+        .all(|l| l.len() == 300 && l.iter().all(|v| v.is_finite())));
+}
+
 #[test]
 fn a_perturbed_shard_is_caught() {
     // The comparison above is not vacuous: a rank whose all-reduce drops its partial sum
@@ -165,6 +236,9 @@ fn a_perturbed_shard_is_caught() {
                 return s - x; // rank 0 forgets its own part
             }
             Ok(s)
+        }
+        fn all_gather_last(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+            self.0.all_gather_last(x)
         }
     }
     let prompt = [3u32, 141, 59];

@@ -1,6 +1,7 @@
 //! CPU references of the collectives a tensor-parallel decode runs: the all-reduce after
 //! each row-parallel layer ([`all_reduce_sum`]) and the all-gather that puts a
-//! column-parallel output back in the unsharded layout ([`all_gather_columns`]).
+//! column-parallel output back in the unsharded layout ([`all_gather_columns`]); and the
+//! re-layout of an all-gather's rank-major result ([`rank_major_to_last`]).
 
 use super::error::ShardError;
 use super::shard::Shard;
@@ -120,4 +121,66 @@ pub fn all_gather_columns(parts: &[Tensor], members: &[usize]) -> Result<Tensor>
         offset += w;
     }
     Tensor::cat(&pieces, last)
+}
+
+/// The ranks' `[..., n]` tensors side by side on the last dim (`[..., ranks·n]`) from an
+/// all-gather's rank-major result `g` (`[ranks, ..., n]`, what NCCL writes): a reshape for
+/// a single row, else one copy that puts each row's slices together.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+pub(crate) fn rank_major_to_last(g: &Tensor) -> Result<Tensor> {
+    let (ranks, part) = match g.dims().split_first() {
+        Some((&r, part)) if !part.is_empty() => (r, part.to_vec()),
+        _ => Err(ShardError::BadInput {
+            what: "rank_major_to_last",
+            reason: format!("shape {:?}: [ranks, ..., n] expected", g.dims()),
+        })?,
+    };
+    let n = part[part.len() - 1];
+    let rows = part[..part.len() - 1].iter().product::<usize>();
+    let mut dims = part;
+    let last = dims.len() - 1;
+    dims[last] = n * ranks;
+    if rows <= 1 || ranks == 1 {
+        return g.reshape(dims);
+    }
+    g.reshape((ranks, rows, n))?
+        .transpose(0, 1)?
+        .contiguous()?
+        .reshape(dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn rank_major_result_is_laid_out_row_by_row() -> Result<()> {
+        // Rank r's [2, 3, 4] holds 1000·r + its flat index; the joined [2, 3, 4·ranks]
+        // row i must read rank 0's row i, then rank 1's, ...
+        for ranks in 1..=3usize {
+            let vals: Vec<f32> = (0..ranks)
+                .flat_map(|r| (0..24).map(move |i| (1000 * r + i) as f32))
+                .collect();
+            let g = Tensor::from_vec(vals, (ranks, 2, 3, 4), &Device::Cpu)?;
+            let got = rank_major_to_last(&g)?;
+            assert_eq!(got.dims(), [2, 3, 4 * ranks]);
+            let v = got.flatten_all()?.to_vec1::<f32>()?;
+            let want: Vec<f32> = (0..6)
+                .flat_map(|row| {
+                    (0..ranks)
+                        .flat_map(move |r| (0..4).map(move |j| (1000 * r + 4 * row + j) as f32))
+                })
+                .collect();
+            assert_eq!(v, want, "{ranks} ranks");
+        }
+        // One row: a plain reshape; a rank-major tensor without parts is an error.
+        let g = Tensor::from_vec(vec![1f32, 2., 3., 4.], (2, 1, 2), &Device::Cpu)?;
+        assert_eq!(
+            rank_major_to_last(&g)?.to_vec2::<f32>()?,
+            [[1., 2., 3., 4.]]
+        );
+        assert!(rank_major_to_last(&Tensor::zeros(3, DType::F32, &Device::Cpu)?).is_err());
+        Ok(())
+    }
 }

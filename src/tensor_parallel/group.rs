@@ -1,25 +1,33 @@
-//! The all-reduce a tensor-parallel model calls after each row-parallel layer
-//! ([`AllReduce`]), and [`ThreadGroup`]: ranks as threads of one process meeting in host
-//! memory, what the CPU tests run (and a reference for the NCCL group of `nccl.rs`).
+//! The collectives a tensor-parallel model calls ([`AllReduce`]: the sum after each
+//! row-parallel layer, the all-gather of a vocabulary-parallel `lm_head`'s logits), and
+//! [`ThreadGroup`]: ranks as threads of one process meeting in host memory, what the CPU
+//! tests run (and a reference for the NCCL group of `nccl.rs`).
 
-use super::collective::all_reduce_sum;
+use super::collective::{all_gather_columns, all_reduce_sum};
 use super::error::ShardError;
 use super::shard::Shard;
 use candle_core::{Result, Tensor};
 use std::fmt::Debug;
 use std::sync::{Arc, Barrier, Mutex};
 
-/// A sum all-reduce over the ranks of one tensor-parallel group, as seen by one rank.
+/// The collectives of one tensor-parallel group, as seen by one rank: a sum all-reduce,
+/// and an all-gather on the last dim.
 ///
-/// Every rank calls [`all_reduce`](Self::all_reduce) with a tensor of the same shape and
-/// dtype, in the same order; each gets the element-wise sum over the ranks. A model holds
-/// it as `Arc<dyn AllReduce>` in every layer that ends a row-parallel pair.
+/// Every rank calls them with tensors of the same shape and dtype, in the same order (a
+/// collective completes only when every rank has called it). A model holds the group as
+/// `Arc<dyn AllReduce>` in every layer that ends a row-parallel pair, and in a
+/// vocabulary-parallel `lm_head`.
 pub trait AllReduce: Send + Sync + Debug {
     /// This rank and the group size.
     fn shard(&self) -> Shard;
 
     /// The sum of `x` over the ranks, in `x`'s dtype and shape, on `x`'s device.
     fn all_reduce(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// The ranks' `x` side by side on the last dim, in rank order: each rank passes its
+    /// `[..., n]` and every rank gets `[..., ranks·n]` in `x`'s dtype, on `x`'s device
+    /// (a vocabulary-parallel `lm_head`'s logit slices joined into the whole vocabulary).
+    fn all_gather_last(&self, x: &Tensor) -> Result<Tensor>;
 }
 
 /// What the ranks of a [`ThreadGroup`] share.
@@ -58,16 +66,11 @@ impl ThreadGroup {
     }
 }
 
-impl AllReduce for ThreadGroup {
-    fn shard(&self) -> Shard {
-        self.shard
-    }
-
-    fn all_reduce(&self, x: &Tensor) -> Result<Tensor> {
-        let ranks = self.shard.ranks();
-        if ranks == 1 {
-            return Ok(x.clone());
-        }
+impl ThreadGroup {
+    /// Every rank's `x` (on the host), in rank order: each rank puts its tensor in its
+    /// slot, waits for the others and reads all the slots; a second wait keeps any rank
+    /// from refilling its slot before every rank has read.
+    fn exchange(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         let host = x.to_device(&candle_core::Device::Cpu)?;
         let poisoned = || candle_core::Error::Msg("ThreadGroup: a rank panicked".into());
         {
@@ -79,10 +82,34 @@ impl AllReduce for ThreadGroup {
             let slots = self.shared.slots.lock().map_err(|_| poisoned())?;
             slots.iter().cloned().collect()
         };
-        // Everyone has read the slots before any rank may refill them.
         self.shared.barrier.wait();
-        let parts =
-            parts.ok_or_else(|| candle_core::Error::Msg("ThreadGroup: a slot is empty".into()))?;
-        all_reduce_sum(&parts)?.to_device(x.device())
+        parts.ok_or_else(|| candle_core::Error::Msg("ThreadGroup: a slot is empty".into()))
+    }
+}
+
+impl AllReduce for ThreadGroup {
+    fn shard(&self) -> Shard {
+        self.shard
+    }
+
+    fn all_reduce(&self, x: &Tensor) -> Result<Tensor> {
+        if self.shard.ranks() == 1 {
+            return Ok(x.clone());
+        }
+        all_reduce_sum(&self.exchange(x)?)?.to_device(x.device())
+    }
+
+    fn all_gather_last(&self, x: &Tensor) -> Result<Tensor> {
+        if self.shard.ranks() == 1 {
+            return Ok(x.clone());
+        }
+        let n = x.dims().last().copied().unwrap_or(0);
+        let total = n.checked_mul(self.shard.ranks()).ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "all_gather_last: {n} × {} ranks overflows",
+                self.shard.ranks()
+            ))
+        })?;
+        all_gather_columns(&self.exchange(x)?, &[total])?.to_device(x.device())
     }
 }

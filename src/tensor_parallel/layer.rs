@@ -108,8 +108,20 @@ pub fn row_parallel(layer: &QuantLinear, shard: Shard, device: &Device) -> Resul
     row_parallel_parts(w.full(), layer.bias(), shard, device)
 }
 
-/// A replicated layer (every rank holds all of it, e.g. `lm_head`): `layer` rebuilt on
-/// `device`, bias included.
+/// Whether a `ranks`-way group splits an `lm_head` of `vocab` rows (vocabulary-parallel:
+/// rank `r` keeps rows `[r·vocab/ranks, (r+1)·vocab/ranks)` as a [`column_parallel`]
+/// layer and the ranks' logit slices are joined by
+/// [`AllReduce::all_gather_last`](super::AllReduce::all_gather_last)) rather than
+/// replicating it: with several ranks and rows that divide evenly (NCCL's all-gather moves
+/// equal parts). Each rank then reads `1/ranks` of the `lm_head` per token instead of all
+/// of it; the logits are the replicated layer's bit for bit where the GEMV's summation
+/// order depends on K alone (see the [module docs](super)).
+pub fn vocab_parallel(vocab: usize, ranks: usize) -> bool {
+    ranks > 1 && vocab > 0 && vocab.is_multiple_of(ranks)
+}
+
+/// A replicated layer (every rank holds all of it, e.g. an `lm_head` whose rows do not
+/// divide by the ranks, see [`vocab_parallel`]): `layer` rebuilt on `device`, bias included.
 pub fn replicate(layer: &QuantLinear, device: &Device) -> Result<QuantLinear> {
     column_parallel(layer, Shard::single(), device)
 }

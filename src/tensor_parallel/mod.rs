@@ -40,11 +40,19 @@
 //!   more, so a row-parallel output differs from the unsharded one by a few BF16
 //!   roundings (the bound is derived in `tests/tensor_parallel.rs`).
 //!
+//! * **Vocabulary-parallel `lm_head`** ([`vocab_parallel`]): where the vocabulary divides by
+//!   the ranks, each rank keeps its slice of the `lm_head` rows (a column-parallel layer),
+//!   computes that slice of the logits, and an all-gather
+//!   ([`AllReduce::all_gather_last`]) joins them, so each rank reads `1/ranks` of the
+//!   largest single weight per token; otherwise the `lm_head` is replicated. The
+//!   embeddings stay replicated (the gather of a token's row needs the whole table).
+//!
 //! Sizes that do not split (rows, heads, blocks) are a [`ShardError`], never a panic.
 //!
-//! # The all-reduce
+//! # The collectives
 //!
-//! A model holds one [`AllReduce`] per rank and calls it after each row-parallel layer:
+//! A model holds one [`AllReduce`] per rank and calls it after each row-parallel layer
+//! (and after a vocabulary-parallel `lm_head`):
 //! [`ThreadGroup`] (ranks as threads meeting in host memory: the CPU tests and
 //! simulations) or, with the `nccl` feature, `NcclGroup` (one GPU per rank, NCCL's sum in
 //! place on the candle stream, capturable in a CUDA graph).
@@ -65,7 +73,7 @@ pub use group::{AllReduce, ThreadGroup};
 pub use heads::HeadSplit;
 pub use layer::{
     column_parallel, column_parallel_parts, fused_column_parallel, fused_column_parallel_parts,
-    replicate, row_parallel, row_parallel_parts, FullWeight,
+    replicate, row_parallel, row_parallel_parts, vocab_parallel, FullWeight,
 };
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclGroup, NcclId};

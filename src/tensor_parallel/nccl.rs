@@ -1,16 +1,18 @@
 //! [`NcclGroup`]: the [`AllReduce`] of a tensor-parallel decode on several GPUs, one rank
 //! per device, through NCCL (cudarc's `nccl` module, candle's `nccl` feature). The sum runs
-//! in place on the tensor's own buffer, on the device's candle stream, so a decode step
-//! that calls it can be captured in a CUDA graph with the all-reduce inside (NCCL supports
-//! stream capture; every rank must replay its graph for the collective to complete).
+//! in place on the tensor's own buffer and the all-gather into a new one, both on the
+//! device's candle stream, so a decode step that calls them can be captured in a CUDA
+//! graph with the collectives inside (NCCL supports stream capture; every rank must replay
+//! its graph for a collective to complete).
 
+use super::collective::rank_major_to_last;
 use super::error::ShardError;
 use super::group::AllReduce;
 use super::shard::Shard;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
-use candle_core::{bail, DType, Device, InplaceOp1, Layout, Result, Tensor};
+use candle_core::{bail, CustomOp1, DType, Device, InplaceOp1, Layout, Result, Shape, Tensor};
 
 /// The unique id every rank of one group joins with (made once, by one thread or process,
 /// and handed to the others: its 128 bytes are plain data).
@@ -102,6 +104,55 @@ impl InplaceOp1 for SumInPlace<'_> {
     }
 }
 
+/// NCCL's all-gather of a contiguous tensor: `[ranks, ...x's shape]`, rank `r`'s tensor
+/// at index `r` (the rank-major order NCCL writes).
+struct GatherRanks<'a>(&'a Comm, usize);
+
+impl CustomOp1 for GatherRanks<'_> {
+    fn name(&self) -> &'static str {
+        "nccl-all-gather"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CpuStorage, Shape)> {
+        bail!("nccl-all-gather: the tensor is on the CPU")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let Some((a, b)) = l.contiguous_offsets() else {
+            bail!("nccl-all-gather: the tensor is not contiguous")
+        };
+        let Some(total) = (b - a).checked_mul(self.1) else {
+            bail!(
+                "nccl-all-gather: {} values × {} ranks overflows",
+                b - a,
+                self.1
+            )
+        };
+        let mut dims = vec![self.1];
+        dims.extend_from_slice(l.dims());
+        let dev = s.device().clone();
+        let err = |e| candle_core::Error::Msg(format!("ncclAllGather: {e:?}"));
+        let out = match &s.slice {
+            CudaStorageSlice::BF16(v) => {
+                let mut out = unsafe { dev.alloc::<half::bf16>(total)? };
+                self.0.all_gather(&v.slice(a..b), &mut out).map_err(err)?;
+                CudaStorage::wrap_cuda_slice(out, dev)
+            }
+            CudaStorageSlice::F32(v) => {
+                let mut out = unsafe { dev.alloc::<f32>(total)? };
+                self.0.all_gather(&v.slice(a..b), &mut out).map_err(err)?;
+                CudaStorage::wrap_cuda_slice(out, dev)
+            }
+            _ => bail!("nccl-all-gather: {:?} (BF16 or F32 expected)", s.dtype()),
+        };
+        Ok((out, Shape::from(dims)))
+    }
+}
+
 impl AllReduce for NcclGroup {
     fn shard(&self) -> Shard {
         self.shard
@@ -125,5 +176,24 @@ impl AllReduce for NcclGroup {
         }
         x.inplace_op1(&SumInPlace(&self.comm))?;
         Ok(x.clone())
+    }
+
+    /// Joins the ranks' `x` on the last dim with NCCL's all-gather (into a new buffer), then
+    /// puts each row's slices side by side (one copy, skipped for a single row).
+    fn all_gather_last(&self, x: &Tensor) -> Result<Tensor> {
+        let ranks = self.shard.ranks();
+        if x.dims().is_empty() {
+            bail!("NcclGroup::all_gather_last: a scalar; [..., n] expected")
+        }
+        if !matches!(x.dtype(), DType::BF16 | DType::F32) {
+            bail!(
+                "NcclGroup::all_gather_last: {:?} {:?}: BF16 or F32 expected",
+                x.dtype(),
+                x.dims()
+            )
+        }
+        let x = x.contiguous()?;
+        let g = x.apply_op1_no_bwd(&GatherRanks(&self.comm, ranks))?;
+        rank_major_to_last(&g)
     }
 }

@@ -178,7 +178,7 @@ fn main() -> Result<()> {
     if let Some(list) = &a.shapes {
         shapes.extend(parse_shapes(list)?);
     }
-    // Each shape once (a tensor-parallel shard list repeats the whole lm_head).
+    // Each shape once (a shard list repeats the whole lm_head where the vocabulary does not split).
     let mut seen = std::collections::HashSet::new();
     shapes.retain(|s| seen.insert((s.n, s.k, s.silu_mul)));
     if shapes.is_empty() {

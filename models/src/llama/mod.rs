@@ -22,6 +22,7 @@ mod capture;
 #[cfg(feature = "cuda")]
 mod graph;
 mod linear;
+mod lm_head;
 mod mlp;
 mod norm;
 mod options;
@@ -33,6 +34,7 @@ pub use attention::Attention;
 pub use block::Block;
 pub use capture::{ignore_inputs, LinearInputs, Site};
 pub use linear::Loader;
+pub use lm_head::LmHead;
 pub use mlp::Mlp;
 use norm::RmsNorm;
 pub use options::{LoadOptions, DEFAULT_KV_WINDOW};
@@ -63,7 +65,7 @@ pub struct Llama {
     embed: Tensor,
     blocks: Vec<Block>,
     norm: RmsNorm,
-    lm_head: QuantLinear,
+    lm_head: LmHead,
     caches: Vec<LayerCache>,
     dtype: DType,
     device: Device,
@@ -123,7 +125,7 @@ impl Llama {
             for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
                 l.set_gemv_knobs(&opts.knobs.gemv)?;
             }
-            lm_head.set_gemv_knobs(&opts.knobs.gemv)?;
+            lm_head.linear_mut().set_gemv_knobs(&opts.knobs.gemv)?;
         }
         for l in blocks.iter_mut().flat_map(|b| b.linears_mut()) {
             l.set_l2_prefetch(opts.knobs.l2_prefetch);
@@ -187,30 +189,23 @@ impl Llama {
         reduce: Option<Arc<dyn AllReduce>>,
     ) -> Result<Self> {
         let dtype = opts.activation_dtype(device);
-        let max_seq_len = opts
-            .max_seq_len
-            .unwrap_or(cfg.max_position_embeddings.min(4096));
-        if max_seq_len == 0 || max_seq_len > cfg.max_position_embeddings {
-            bail!(
-                "Llama::random: max_seq_len {max_seq_len} must be in 1..={}",
-                cfg.max_position_embeddings
-            )
-        }
-        let parts =
-            match reduce {
-                None => random::random_parts(cfg, spec, dtype, max_seq_len, device)?,
-                // Every rank draws the whole model on the host (the same seed, so the same
-                // weights) and keeps its shard.
-                Some(r) => random::random_parts(cfg, spec, dtype, max_seq_len, &Device::Cpu)?
-                    .shard(r, max_seq_len, dtype, device)?,
-            };
+        let max_seq_len = random::max_seq_len(&cfg, opts)?;
+        let parts = match reduce {
+            None => random::random_parts(cfg, spec, dtype, max_seq_len, device, None)?,
+            // Every rank draws the whole model on the host (the same seed, so the same
+            // weights) and keeps its shard.
+            Some(r) => random::random_parts(cfg, spec, dtype, max_seq_len, &Device::Cpu, None)?
+                .shard(r, max_seq_len, dtype, device)?,
+        };
         Self::assemble(parts, dtype, max_seq_len, opts, device)
     }
 
     /// Rank `reduce.shard()` of a tensor-parallel model of `cfg`'s shapes whose shard is
     /// drawn directly on `device` ([`random`](Self::random) in the rank's shapes, its own
     /// weights, not a slice of one model's: for benchmarks of models that do not fit the
-    /// host), summing its o_proj and down_proj outputs over the ranks with `reduce`.
+    /// host), summing its o_proj and down_proj outputs over the ranks with `reduce`; its
+    /// `lm_head` is its own slice of the vocabulary where that splits (as
+    /// [`load_sharded`](Self::load_sharded) splits it).
     pub fn random_rank(
         cfg: LlamaConfig,
         spec: random::RandomSpec,
@@ -219,11 +214,14 @@ impl Llama {
         reduce: Arc<dyn AllReduce>,
     ) -> Result<Self> {
         let (local, _) = Parts::rank_config(&cfg, reduce.shard())?;
-        let mut m = Self::random(local, spec, opts, device)?;
-        for b in &mut m.blocks {
+        let dtype = opts.activation_dtype(device);
+        let max_seq_len = random::max_seq_len(&local, opts)?;
+        let mut parts =
+            random::random_parts(local, spec, dtype, max_seq_len, device, Some(&reduce))?;
+        for b in &mut parts.blocks {
             b.set_reduce(reduce.clone());
         }
-        Ok(m)
+        Self::assemble(parts, dtype, max_seq_len, opts, device)
     }
 
     /// The model's configuration.
@@ -270,11 +268,16 @@ impl Llama {
 
     /// How many of the model's Linear layers hold NVFP4 weights, out of all.
     pub fn nvfp4_layer_count(&self) -> (usize, usize) {
-        let mut all: Vec<&QuantLinear> = vec![&self.lm_head];
+        let mut all: Vec<&QuantLinear> = vec![self.lm_head.linear()];
         for b in &self.blocks {
             all.extend(b.linears());
         }
         (all.iter().filter(|l| l.is_nvfp4()).count(), all.len())
+    }
+
+    /// The `lm_head` (on a tensor-parallel rank: its slice of the vocabulary, when split).
+    pub fn lm_head(&self) -> &LmHead {
+        &self.lm_head
     }
 
     /// The decoder layers.
@@ -351,7 +354,7 @@ impl Llama {
     /// Weight bytes a decode step reads: every projection's stored weight (codes and block
     /// scales, or BF16) and `lm_head`; the embedding rows gathered are negligible.
     pub fn weight_bytes(&self) -> usize {
-        let mut all: Vec<&QuantLinear> = vec![&self.lm_head];
+        let mut all: Vec<&QuantLinear> = vec![self.lm_head.linear()];
         for b in &self.blocks {
             all.extend(b.linears());
         }

@@ -3,6 +3,7 @@
 
 use super::block::Block;
 use super::linear::{self, Loader};
+use super::lm_head::LmHead;
 use super::options::LoadOptions;
 use crate::config::LlamaConfig;
 use crate::rope::Rope;
@@ -11,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_fp4::checkpoint::Checkpoint;
 use candle_fp4::quant_config::QuantConfig;
 use candle_fp4::quant_linear::QuantLinear;
-use candle_fp4::tensor_parallel::{self as tp, AllReduce, HeadSplit, Shard};
+use candle_fp4::tensor_parallel::{AllReduce, HeadSplit, Shard};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ pub(crate) struct Parts {
     pub embed: Tensor,
     pub blocks: Vec<Block>,
     pub norm: Tensor,
-    pub lm_head: QuantLinear,
+    pub lm_head: LmHead,
 }
 
 impl Parts {
@@ -97,7 +98,7 @@ impl Parts {
         let norm = ld.vector("model.norm.weight", h)?;
         // Untied: `lm_head.weight` must be there (a missing one is an error naming it,
         // never a silent fallback to the embedding).
-        let lm_head = if cfg.tie_word_embeddings {
+        let lm_head = LmHead::whole(if cfg.tie_word_embeddings {
             QuantLinear::from_bf16(embed.clone(), None)?
         } else {
             let l = ld.linear("lm_head")?;
@@ -110,7 +111,7 @@ impl Parts {
                 h,
             )?;
             l
-        };
+        });
         Ok(Self {
             cfg,
             quant,
@@ -141,8 +142,9 @@ impl Parts {
 
     /// Rank `reduce.shard()`'s part of the model on `device` (tensor parallel, Megatron):
     /// each layer's q|k|v and gate|up column-parallel, o_proj and down_proj row-parallel
-    /// with their outputs summed over the ranks by `reduce`; embeddings, norms and
-    /// `lm_head` replicated. The rank's config has its share of the heads, KV heads and
+    /// with their outputs summed over the ranks by `reduce`; `lm_head` vocabulary-parallel
+    /// where the vocabulary divides by the ranks ([`LmHead::shard`]), else replicated;
+    /// embeddings and norms replicated. The rank's config has its share of the heads, KV heads and
     /// intermediate size (what its KV caches, RoPE kernel and plans are made for), RoPE
     /// tables for `max_seq_len` positions in `dtype`.
     pub(crate) fn shard(
@@ -161,11 +163,8 @@ impl Parts {
             .map(|b| b.shard(&split, reduce.clone(), &rope, device))
             .collect::<Result<Vec<_>>>()?;
         let embed = self.embed.to_device(device)?;
-        let lm_head = if c.tie_word_embeddings {
-            QuantLinear::from_bf16(embed.clone(), None)?
-        } else {
-            tp::replicate(&self.lm_head, device)?
-        };
+        let tied = c.tie_word_embeddings.then_some(&self.embed);
+        let lm_head = LmHead::shard(self.lm_head.linear(), tied, reduce, device)?;
         Ok(Self {
             cfg,
             quant: self.quant.clone(),

@@ -7,7 +7,8 @@
 //! codes (RMS ≈ 2.9) with E4M3 block scales in 0.25..0.94 and a global scale that makes the
 //! element RMS ≈ 1/√K; BF16 weights are N(0, 1/K); norm weights are 1.
 
-use super::{attention::Attention, block::Block, mlp::Mlp, parts::Parts};
+use super::{attention::Attention, block::Block, lm_head::LmHead, mlp::Mlp};
+use super::{options::LoadOptions, parts::Parts};
 use crate::config::LlamaConfig;
 use crate::rope::Rope;
 use anyhow::{bail, Result};
@@ -15,8 +16,10 @@ use candle_core::{DType, Device, Tensor};
 use candle_fp4::nvfp4::{swizzled_shape, BLOCK_SIZE};
 use candle_fp4::quant_config::{QuantAlgo, QuantConfig};
 use candle_fp4::quant_linear::QuantLinear;
+use candle_fp4::tensor_parallel::{self as tp, AllReduce};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 
 /// Which weights a random model gets.
 #[derive(Debug, Clone, Copy)]
@@ -101,15 +104,34 @@ impl<'a> Gen<'a> {
     }
 }
 
+/// The context of a random model: `opts.max_seq_len`, or `cfg`'s positions up to 4096;
+/// an error outside `1..=max_position_embeddings`.
+pub(super) fn max_seq_len(cfg: &LlamaConfig, opts: &LoadOptions) -> Result<usize> {
+    let n = opts
+        .max_seq_len
+        .unwrap_or(cfg.max_position_embeddings.min(4096));
+    if n == 0 || n > cfg.max_position_embeddings {
+        bail!(
+            "Llama::random: max_seq_len {n} must be in 1..={}",
+            cfg.max_position_embeddings
+        )
+    }
+    Ok(n)
+}
+
 /// The modules of a model of `cfg`'s shapes with random weights ([`RandomSpec`]) on
 /// `device`, activations in `dtype`, RoPE tables for `max_seq_len` positions; `lm_head` and
 /// the embeddings are BF16 (tied when `cfg` says so). `Llama::random` makes the caches.
+/// With `rank` (a rank that draws its own shard, `Llama::random_rank`) the `lm_head` is the
+/// rank's slice of the vocabulary where [`tp::vocab_parallel`] says so (tied: those rows of
+/// the embeddings), its logits joined by `rank`.
 pub(super) fn random_parts(
     cfg: LlamaConfig,
     spec: RandomSpec,
     dtype: DType,
     max_seq_len: usize,
     device: &Device,
+    rank: Option<&Arc<dyn AllReduce>>,
 ) -> Result<Parts> {
     let mut gen = Gen::new(device, spec.seed)?;
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
@@ -137,10 +159,22 @@ pub(super) fn random_parts(
     let embed = gen
         .normal((cfg.vocab_size, h), 1.0)?
         .to_dtype(DType::BF16)?;
-    let lm_head = if cfg.tie_word_embeddings {
-        QuantLinear::from_bf16(embed.clone(), None)?
-    } else {
-        gen.linear(cfg.vocab_size, h, false)?
+    let v = cfg.vocab_size;
+    let lm_head = match rank.filter(|r| tp::vocab_parallel(v, r.shard().ranks())) {
+        Some(r) => {
+            let rows = v / r.shard().ranks();
+            let linear = if cfg.tie_word_embeddings {
+                let e = embed.narrow(0, r.shard().rank() * rows, rows)?;
+                QuantLinear::from_bf16(e.contiguous()?, None)?
+            } else {
+                gen.linear(rows, h, false)?
+            };
+            LmHead::from_slice(linear, r.clone())
+        }
+        None if cfg.tie_word_embeddings => {
+            LmHead::whole(QuantLinear::from_bf16(embed.clone(), None)?)
+        }
+        None => LmHead::whole(gen.linear(v, h, false)?),
     };
     let quant = if spec.nvfp4 {
         QuantConfig {

@@ -9,12 +9,12 @@
 //! token ids (or the logits when sampling) are read back.
 
 use super::block::Block;
+use super::lm_head::LmHead;
 use super::norm::RmsNorm;
 use crate::kv_cache::LayerCache;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_fp4::greedy::GreedyStep;
-use candle_fp4::quant_linear::QuantLinear;
 
 /// The device buffers a step reads and writes, and the ops of its tail, made once per model
 /// (a captured graph holds their addresses).
@@ -79,7 +79,7 @@ pub(crate) struct StepModel<'a> {
     pub blocks: &'a [Block],
     pub caches: &'a mut [LayerCache],
     pub norm: &'a RmsNorm,
-    pub lm_head: &'a QuantLinear,
+    pub lm_head: &'a LmHead,
     pub dtype: DType,
 }
 
