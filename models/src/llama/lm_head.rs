@@ -29,8 +29,9 @@ impl LmHead {
     }
 
     /// Rank `reduce.shard()`'s head of a model whose whole `lm_head` is `full` (tied: the
-    /// embeddings `tied`, `[vocab, hidden]`, instead): its slice of the rows when
-    /// [`tp::vocab_parallel`] says so, else all of it; built on `device`.
+    /// embeddings `tied`, `[vocab, hidden]`, instead; already on `device`, a whole head
+    /// shares their storage): its slice of the rows when [`tp::vocab_parallel`] says so,
+    /// else all of it; built on `device`.
     pub fn shard(
         full: &QuantLinear,
         tied: Option<&Tensor>,

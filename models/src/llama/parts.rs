@@ -163,7 +163,9 @@ impl Parts {
             .map(|b| b.shard(&split, reduce.clone(), &rope, device))
             .collect::<Result<Vec<_>>>()?;
         let embed = self.embed.to_device(device)?;
-        let tied = c.tie_word_embeddings.then_some(&self.embed);
+        // Tied: the head comes from the rank's copy of the embeddings (a whole head shares
+        // its storage).
+        let tied = c.tie_word_embeddings.then_some(&embed);
         let lm_head = LmHead::shard(self.lm_head.linear(), tied, reduce, device)?;
         Ok(Self {
             cfg,
