@@ -440,7 +440,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     };
 
-    // Shared-memory steps (pre_steps > 0, the planner's knob; one token tile): the warp's first `pre`
+    // Shared-memory steps (pre_steps > 0, the planner's knob): the warp's first `pre`
     // steps copied to shared memory with cp.async before the wait, the U register stages
     // after them, so (pre + U) steps are asked of DRAM before the release instead of U.
     // Dynamic shared memory past the x rows (staged: m rows of the CTA's slice + 8, 16-byte
@@ -450,9 +450,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     constexpr int PRE_BYTES = 1152;  // PRE_STEP_BYTES of src/gemv/packed/geometry.rs
     int pre = 0;
     const unsigned char* pre_base = nullptr;
-    // One token tile only: the code costs the two-tile silu kernel registers (118 -> 128
-    // and a 12-byte spill, ptxas 13.0) even with the steps off.
-    if constexpr (!BW && !NORM && NT == 1) {
+    if constexpr (!BW && !NORM) {
         if (p.pre_steps > 0) {
             extern __shared__ __align__(16) unsigned char pgemv_dyn[];
             uint32_t xarea = 0;

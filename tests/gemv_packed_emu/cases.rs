@@ -155,9 +155,9 @@ pub fn cases() -> Vec<Case> {
             split: 2,
             ..base.clone()
         },
-        // Shared-memory weight steps before the wait (one token tile; read first, then the
-        // register stages): runs longer than u + pre (the kernel takes pre), shorter (it
-        // takes the rest of the run), an odd last chunk, a split-K sum, two tiles, staged x.
+        // Shared-memory weight steps before the wait (read first, then the register
+        // stages): runs longer than u + pre (the kernel takes pre), shorter (it takes the
+        // rest of the run), an odd last chunk, a split-K sum, two tiles, staged x rows.
         Case {
             kind: p(1, 3),
             m: 2,
@@ -167,8 +167,8 @@ pub fn cases() -> Vec<Case> {
             ..base.clone()
         },
         Case {
-            kind: p(1, 3),
-            m: 5,
+            kind: p(2, 3),
+            m: 13,
             n: 40,
             k: 2304,
             warps: 2,

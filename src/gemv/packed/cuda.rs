@@ -87,8 +87,6 @@ struct StagedKernel {
     name: String,
     max_m: usize,
     row_bytes: u32,
-    /// Dynamic shared memory a CTA may have at the plan's CTAs per SM.
-    avail: usize,
 }
 
 /// CTAs of `w` warps of kernel `f` that fit on one SM, for every warp count the planner
@@ -132,7 +130,7 @@ pub(super) fn grid_and_workspace(
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
 /// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
 /// device's image; `pre_kb`: KB of shared memory per CTA for weight steps fetched before
-/// the PDL wait (0: none; only with PDL on an sm_90+ image, at token tile 1).
+/// the PDL wait (0: none; only with PDL on an sm_90+ image).
 pub(crate) fn plan(
     dev: &CudaDevice,
     l: &PackedLayout,
@@ -201,8 +199,7 @@ pub(crate) fn plan(
             fa.smem_optin,
         )?;
     }
-    // The kernels take the steps at one token tile only (gemv_packed.cu).
-    if pdl && pre_kb > 0 && nt == 1 {
+    if pdl && pre_kb > 0 {
         plan_pre(&loaded, &mut p, (u, split), pre_kb, fa.sms, fa.smem_optin)?;
     }
     Ok(p)
@@ -224,11 +221,24 @@ fn plan_pre(
     let per_sm = (p.launch.grid.0 as usize).div_ceil(sms.max(1)) as u32;
     let budget = pre_kb.saturating_mul(1024);
     let shape = (p.layout.npairs, split, u);
-    let (f, avail) = with_all_smem(loaded, &p.name, smem_optin, per_sm, p.launch.block)?;
+    let avail_of = |name: &str| -> Result<(CudaFunction, usize)> {
+        let (f, _) = loaded.function(name)?;
+        let fixed = f
+            .shared_size_bytes()
+            .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
+            .max(0) as usize;
+        let f = loaded.function_with_smem(name, smem_optin.saturating_sub(fixed))?;
+        let avail = f
+            .occupancy_available_dynamic_smem_per_block(per_sm, p.launch.block)
+            .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
+        Ok((f, avail))
+    };
+    let (f, avail) = avail_of(&p.name)?;
     let mut steps = pre_steps(budget, avail, 0, (warps, p.tiles), shape);
     if let Some(s) = &p.staged {
+        let (_, avail) = avail_of(&s.name)?;
         let x = s.max_m * s.row_bytes as usize;
-        steps = steps.min(pre_steps(budget, s.avail, x, (warps, p.tiles), shape));
+        steps = steps.min(pre_steps(budget, avail, x, (warps, p.tiles), shape));
     }
     // steps ≤ budget / per-step bytes, which fit what the device leaves a CTA (u32).
     let bytes = u32::try_from(steps * PRE_STEP_BYTES * warps * p.tiles)
@@ -238,29 +248,6 @@ fn plan_pre(
     p.pre_bytes = bytes;
     p.launch.smem = bytes;
     Ok(())
-}
-
-/// Kernel `name` allowed all the dynamic shared memory a CTA may have beside its static
-/// shared memory, and what the device leaves each CTA of `block` threads when `per_sm` of
-/// them share an SM (the smaller of the two).
-fn with_all_smem(
-    loaded: &crate::cuda::Loaded,
-    name: &str,
-    smem_optin: usize,
-    per_sm: u32,
-    block: u32,
-) -> Result<(CudaFunction, usize)> {
-    let (f, _) = loaded.function(name)?;
-    let fixed = f
-        .shared_size_bytes()
-        .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
-        .max(0) as usize;
-    let cap = smem_optin.saturating_sub(fixed);
-    let f = loaded.function_with_smem(name, cap)?;
-    let avail = f
-        .occupancy_available_dynamic_smem_per_block(per_sm, block)
-        .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
-    Ok((f, avail.min(cap)))
 }
 
 /// The staged twin of a plain one-tile plan of depth `u` and geometry `(warps, split)`
@@ -283,10 +270,19 @@ fn plan_staged(
         return Ok(None);
     }
     let name = pgemv_staged_kernel_name(u);
+    let (f, _) = loaded.function(&name)?;
+    let fixed = f
+        .shared_size_bytes()
+        .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
+        .max(0) as usize;
+    let cap = smem_optin.saturating_sub(fixed);
+    let f = loaded.function_with_smem(&name, cap)?;
     let per_sm = ctas.div_ceil(sms.max(1)) as u32;
-    let (f, avail) = with_all_smem(loaded, &name, smem_optin, per_sm, 32 * warps as u32)?;
+    let avail = f
+        .occupancy_available_dynamic_smem_per_block(per_sm, 32 * warps as u32)
+        .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
     let slice_k = staged_slice_k(l.k, l.npairs, split);
-    let max_m = staged_max_m(slice_k, avail);
+    let max_m = staged_max_m(slice_k, avail.min(cap));
     // max_m > 0: one row fits the device's shared memory per CTA, so it fits u32.
     let row_bytes = staged_smem(1, slice_k).and_then(|b| u32::try_from(b).ok());
     Ok(match row_bytes {
@@ -295,7 +291,6 @@ fn plan_staged(
             name,
             max_m,
             row_bytes,
-            avail,
         }),
         _ => None,
     })
