@@ -1,7 +1,6 @@
 // cp_async.cuh: the cp.async wrappers of every kernel family (the GEMVs' staged x copy in
-// gemv_packed.cu and its shared-memory weight steps, the KV attention's slot pipeline in
-// kv_attention.cu): 16-byte global -> shared copies through L2 only (.cg), 4-byte ones (.ca),
-// their groups and waits. A copy is visible
+// gemv_packed.cu, the KV attention's slot pipeline in kv_attention.cu): 16-byte
+// global -> shared copies through L2 only (.cg), their groups and waits. A copy is visible
 // to its own thread after the wait that covers it, to other threads after that wait and a
 // barrier. The host emulations (CFP4_HOST_EMU) bring their own by the same semantics
 // (tests/emu_common/cp_async_emu.h: a thread's copies land at its wait).
@@ -21,12 +20,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, uint32_t src_bytes) {
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem), "r"(src_bytes) : "memory");
-}
-
-// 4 bytes global -> shared, asynchronously (through L1: .cg takes only 16).
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem) : "memory");
 }
 
 // Closes this thread's current group of copies.

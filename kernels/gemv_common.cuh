@@ -48,14 +48,6 @@ __device__ __forceinline__ uint4 ld_shared_v4(const void* p) {
     return v;
 }
 
-// 4 bytes from shared memory (a generic pointer into it).
-__device__ __forceinline__ uint32_t ld_shared_u32(const void* p) {
-    uint32_t v;
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
-    return v;
-}
-
 // bf16x2 {lo, hi} of two f32, each rounded to nearest (cvt.rn.bf16x2.f32, sm_80+).
 __device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
     uint32_t d;

@@ -24,8 +24,7 @@ struct PackedGemvParams {
     int groups;               // offset 72: CTA work groups (plain: row tiles; silu: tile pairs)
     int split;                // offset 76: CTAs per group, each a slice of K
     int npairs;               // offset 80: K steps per tile: ceil(K / 128) (NVFP4), K / 64 (BF16 weights)
-    int pre_steps;            // offset 84: K steps per warp copied to shared memory before the
-                              //            PDL wait (0: none; gemv_packed.cu, "Shared-memory steps")
+    int _pad;                 // offset 84
     // The norm variants only (x is then the residual stream; the others ignore these):
     const void* delta;        // offset 88: bf16 [M, K] contiguous added to x, or null
     const void* norm_w;       // offset 96: bf16 [K], the RMSNorm weight

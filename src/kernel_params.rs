@@ -154,8 +154,7 @@ pub(crate) struct PackedGemvParams {
     pub groups: i32,
     pub split: i32,
     pub npairs: i32,
-    /// K steps per warp copied to shared memory before the PDL wait (0: none).
-    pub pre_steps: i32,
+    pub pad: i32,
     /// Norm variants: bf16 `[M, K]` added to x, or 0.
     pub delta: u64,
     /// Norm variants: the RMSNorm weight, bf16 `[K]`.
@@ -333,7 +332,6 @@ mod tests {
         assert_eq!(offset_of!(PackedGemvParams, groups), 72);
         assert_eq!(offset_of!(PackedGemvParams, split), 76);
         assert_eq!(offset_of!(PackedGemvParams, npairs), 80);
-        assert_eq!(offset_of!(PackedGemvParams, pre_steps), 84);
         assert_eq!(offset_of!(PackedGemvParams, delta), 88);
         assert_eq!(offset_of!(PackedGemvParams, norm_w), 96);
         assert_eq!(offset_of!(PackedGemvParams, sum), 104);

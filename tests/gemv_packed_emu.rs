@@ -19,7 +19,7 @@
 //! the CPU norm's bit for bit.
 
 use candle_core::{Device, Tensor};
-use candle_fp4::gemv::packed::{staged_slice_k, PRE_STEP_BYTES};
+use candle_fp4::gemv::packed::staged_slice_k;
 use candle_fp4::gemv::PackedNvfp4;
 use candle_fp4::norm::AddRmsNorm;
 use candle_fp4::nvfp4::{swizzle_blockscale_bytes, swizzled_shape};
@@ -215,17 +215,14 @@ fn write_case(dir: &Path, i: usize, c: &Case, inp: &Inputs) -> String {
         } => c.m * ((64 * steps.div_ceil(c.split)).min(c.k) + 8) * 2,
         _ => 0,
     };
-    let tiles = if two { 2 } else { 1 };
-    // The shared-memory weight steps past the x rows (16-byte aligned: k is a multiple of
-    // 64, so the rows are).
-    let smem = smem + c.pre * c.warps * tiles * PRE_STEP_BYTES;
     let sums = if c.delta { c.m * c.k } else { 0 };
+    let tiles = if two { 2 } else { 1 };
     let partial = groups * c.split * tiles * nt * 32 * 4;
     let norm = matches!(c.kind, Kind::Norm { .. });
     std::fs::write(
         d.join("params.txt"),
         format!(
-            "{kname} {} {} {smem} {} {partial} {} {} {} {} {} {groups} {} {} {} {} {} {} {}\n",
+            "{kname} {} {} {smem} {} {partial} {} {} {} {} {} {groups} {} {} {} {} {} {}\n",
             groups * c.split,
             32 * c.warps,
             sums + c.m * n_out,
@@ -240,7 +237,6 @@ fn write_case(dir: &Path, i: usize, c: &Case, inp: &Inputs) -> String {
             EPS,
             u8::from(c.delta),
             u8::from(norm),
-            c.pre,
         ),
     )
     .unwrap();

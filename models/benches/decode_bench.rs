@@ -102,11 +102,8 @@ fn ours(c: &Case, dev: &Device, held: Option<usize>) -> Result<Row> {
         knobs: candle_fp4::knobs::Knobs {
             // CFP4_DECODE_BF16_LEGACY=1: BF16 layers on gemv.cu's kernel, not the packed
             // kernel over their natural layout (an A/B in one binary).
-            // CFP4_DECODE_SMEM_PRE=<KB>: the packed GEMVs fetch that much of their weights
-            // per CTA into shared memory before the PDL wait (an A/B in one binary).
             gemv: candle_fp4::knobs::GemvKnobs {
                 bf16_legacy: std::env::var_os("CFP4_DECODE_BF16_LEGACY").is_some(),
-                smem_pre_kb: smem_pre_kb()?,
                 ..candle_fp4::knobs::GemvKnobs::with_pdl(c.pdl)
             },
             attention: attn_knobs()?,
@@ -157,17 +154,6 @@ fn attn_knobs() -> Result<candle_fp4::kv_cache::AttnKnobs> {
         }
     }
     Ok(k)
-}
-
-/// `CFP4_DECODE_SMEM_PRE=<KB>`: shared memory per CTA for the packed GEMVs' weight steps
-/// before the PDL wait (`GemvKnobs::smem_pre_kb`; unset: 0, none).
-fn smem_pre_kb() -> Result<usize> {
-    match std::env::var("CFP4_DECODE_SMEM_PRE") {
-        Ok(v) => v
-            .parse()
-            .with_context(|| format!("CFP4_DECODE_SMEM_PRE: `{v}` is not a KB count")),
-        Err(_) => Ok(0),
-    }
 }
 
 /// The wall times of `STEPS` greedy steps at context `ctx` after the warm-up (one eager

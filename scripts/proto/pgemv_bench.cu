@@ -436,8 +436,7 @@ int main(int argc, char** argv) {
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
                 PackedGemvParams p{L.pcodes[c], L.pscales[c], x, out, partial, counters, gs * 256.f, m, s.n, s.k, s.k,
-                                   L.half_pad, groups, sp_, L.npairs,
-                                   (sp_ == split && wp_ == warps) ? pl.pre_steps : 0};
+                                   L.half_pad, groups, sp_, L.npairs, 0};
                 launch_pdl(kfn, unsigned(groups * sp_), unsigned(32 * wp_), dyn_smem, st, p);
             };
             // correctness (copy 0)

@@ -93,7 +93,7 @@ static void run_chain(const char* which, double copy, __nv_bfloat16* x, float* p
             if (!gemvs) return;
             const int cp = it % int(c.L.pcodes.size());
             PackedGemvParams p{c.L.pcodes[cp], c.L.pscales[cp], x, c.out, partial, counters, 0.0123f * 256.f, 1, c.s.n,
-                               c.s.k, c.s.k, c.L.half_pad, c.pl.groups, c.pl.split, c.L.npairs, c.pl.pre_steps};
+                               c.s.k, c.s.k, c.L.half_pad, c.pl.groups, c.pl.split, c.L.npairs, 0};
             launch_pdl(c.pl.kfn, unsigned(c.pl.groups * c.pl.split), unsigned(32 * c.pl.warps), c.pl.dyn_smem, st, p);
         };
         spacer(0);

@@ -42,8 +42,8 @@ struct Plan {
     int nt, groups, warps, split;
     bool pair, deep;
     size_t xs_smem;
-    size_t dyn_smem;  // at launch: the staged x rows (16-aligned) and the shared-memory weight steps
-    int pre_steps;    // CFP4_PGEMV_SMEMPRE: shared-memory weight steps per warp (the kernel's pre_steps)
+    size_t dyn_smem;  // at launch: the staged x rows (16-aligned) and, in pgemv_bench-sp, the pre-wait stages
+    int pre_steps;    // pgemv_bench-sp: shared-memory steps per warp the launch leaves room for
 };
 static Plan plan_shape(const Shape& s, const Layer& L, int m, bool nopair, bool nostage, int smem_optin) {
     const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
@@ -90,9 +90,9 @@ static Plan plan_shape(const Shape& s, const Layer& L, int m, bool nopair, bool 
             xs_smem = need;
         }
     }
-    // CFP4_PGEMV_SMEMPRE=<KB>: per CTA of weight steps copied to shared memory before the
-    // wait (the kernel's pre_steps), as many whole steps (1152 B per warp and row tile) as
-    // fit beside the x rows at the grid's CTAs per SM (the library's GemvKnobs::smem_pre_kb).
+    // pgemv_bench-sp (kernels built with CFP4_PGEMV_SMEM_PRE): CFP4_PGEMV_SMEMPRE=<KB> per
+    // CTA of weight steps copied to shared memory before the wait, as many whole steps
+    // (1152 B per warp and row tile) as fit beside the x rows at the grid's CTAs per SM.
     size_t dyn = (xs_smem + 15) & ~size_t(15);
     int pre_steps = 0;
     if (const char* e = getenv("CFP4_PGEMV_SMEMPRE")) {

@@ -33,10 +33,6 @@ pub struct GemvKnobs {
     /// BF16 weights at one token tile: the ModelOpt-layout GEMV (`kernels/gemv.cu`) instead
     /// of the packed kernel over the natural layout (an A/B for benchmarks).
     pub bf16_legacy: bool,
-    /// Packed NVFP4 kernels: KB of shared memory per CTA for weight steps fetched before
-    /// the PDL wait (`pre_steps` of `kernels/gemv_packed.cu`), as many whole steps as fit
-    /// beside the plan's x rows at its occupancy; 0 (default): none. An A/B knob.
-    pub smem_pre_kb: usize,
 }
 
 impl GemvKnobs {

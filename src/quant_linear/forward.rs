@@ -206,19 +206,6 @@ impl QuantLinear {
         None
     }
 
-    /// Shared-memory weight steps per warp that the planned packed NVFP4 GEMV for `m`
-    /// tokens fetches before its PDL wait (`GemvKnobs::smem_pre_kb`), 0 for any other
-    /// path: for tests and benchmarks.
-    #[doc(hidden)]
-    pub fn packed_pre_steps(&self, m: usize, silu_mul: bool) -> usize {
-        #[cfg(feature = "cuda")]
-        if let Choice::Packed(p) = self.plans.choice(m, silu_mul) {
-            return p.pre_steps();
-        }
-        let _ = (m, silu_mul);
-        0
-    }
-
     /// Whether [`forward_add_norm`](Self::forward_add_norm) of `m` BF16 tokens runs as one
     /// kernel (the GEMV with the norm in its prologue) rather than the norm, then the layer:
     /// for tests and benchmarks.

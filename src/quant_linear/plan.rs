@@ -208,15 +208,7 @@ fn make_choice(
             // The packed kernel's tiles are the same list's first entries (1, 2, 4).
             p.check_image("QuantLinear", opts.image)?;
             let sm80 = opts.image == crate::gemv::KernelImage::Sm80;
-            let plan = crate::gemv::packed::cuda::plan(
-                d,
-                p.layout(),
-                silu,
-                nt,
-                opts.pdl,
-                sm80,
-                opts.smem_pre_kb,
-            )?;
+            let plan = crate::gemv::packed::cuda::plan(d, p.layout(), silu, nt, opts.pdl, sm80)?;
             Ok(Choice::Packed(Arc::new(plan)))
         }
         (Device::Cuda(d), Some(1), Weight::Bf16(_)) if !opts.bf16_legacy => {

@@ -12,8 +12,7 @@ namespace cfp4 {
 struct CpAsyncCopy {
     void* dst;
     const void* src;
-    uint32_t src_bytes;  // the rest of the copy's size zero-filled
-    uint32_t size = 16;  // 16, or 4 (cp_async_4)
+    uint32_t src_bytes;  // the rest of the 16 bytes zero-filled
 };
 struct CpAsyncQueue {
     std::vector<CpAsyncCopy> copies;  // issued, not yet landed
@@ -25,7 +24,7 @@ inline void cp_async_land(size_t n) {
     auto& q = t_cp_async;
     for (size_t i = 0; i < n; ++i) {
         const CpAsyncCopy& c = q.copies[i];
-        std::memset(c.dst, 0, c.size);
+        std::memset(c.dst, 0, 16);
         if (c.src_bytes) std::memcpy(c.dst, c.src, c.src_bytes);
     }
     q.copies.erase(q.copies.begin(), q.copies.begin() + long(n));
@@ -38,7 +37,6 @@ inline void cp_async_16(void* smem, const void* gmem) { t_cp_async.copies.push_b
 inline void cp_async_16_zfill(void* smem, const void* gmem, uint32_t src_bytes) {
     t_cp_async.copies.push_back({smem, gmem, src_bytes});
 }
-inline void cp_async_4(void* smem, const void* gmem) { t_cp_async.copies.push_back({smem, gmem, 4, 4}); }
 inline void cp_async_commit() { t_cp_async.group_ends.push_back(t_cp_async.copies.size()); }
 inline void cp_async_wait_all() { cp_async_land(t_cp_async.copies.size()); }
 template <int N>

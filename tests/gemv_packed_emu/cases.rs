@@ -38,8 +38,6 @@ pub struct Case {
     pub split: usize,
     /// Norm variants: a delta added to x (else none).
     pub delta: bool,
-    /// Shared-memory weight steps per warp before the PDL wait (`pre_steps`; 0: none).
-    pub pre: usize,
 }
 
 /// The cases: every kernel family on awkward shapes.
@@ -52,7 +50,6 @@ pub fn cases() -> Vec<Case> {
         warps: 4,
         split: 1,
         delta: false,
-        pre: 0,
     };
     let p = |nt, u| Kind::Plain { nt, u };
     vec![
@@ -153,61 +150,6 @@ pub fn cases() -> Vec<Case> {
             n: 48,
             k: 640,
             split: 2,
-            ..base.clone()
-        },
-        // Shared-memory weight steps before the wait (read first, then the register
-        // stages): runs longer than u + pre (the kernel takes pre), shorter (it takes the
-        // rest of the run), an odd last chunk, a split-K sum, two tiles, staged x rows.
-        Case {
-            kind: p(1, 3),
-            m: 2,
-            k: 1088,
-            warps: 2,
-            pre: 2,
-            ..base.clone()
-        },
-        Case {
-            kind: p(2, 3),
-            m: 13,
-            n: 40,
-            k: 2304,
-            warps: 2,
-            split: 2,
-            pre: 4,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Pair,
-            n: 41,
-            k: 1088,
-            warps: 2,
-            pre: 3,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Silu { nt: 1, u: 3 },
-            m: 3,
-            n: 64,
-            k: 960,
-            warps: 2,
-            pre: 1,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Staged { u: 3 },
-            n: 48,
-            k: 1664,
-            split: 2,
-            warps: 2,
-            pre: 2,
-            ..base.clone()
-        },
-        Case {
-            kind: Kind::Staged { u: 5 },
-            n: 32,
-            k: 1984,
-            warps: 2,
-            pre: 3,
             ..base.clone()
         },
         // The norm prologue: x (+ delta) reduced in every CTA, with a split-K sum.

@@ -24,7 +24,6 @@ inline uint4 ld_stream_v4(const void* p) { uint4 v; std::memcpy(&v, p, 16); retu
 inline uint2 ld_stream_v2(const void* p) { uint2 v; std::memcpy(&v, p, 8); return v; }
 inline uint32_t ld_stream_u32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline uint4 ld_shared_v4(const void* p) { uint4 v; std::memcpy(&v, p, 16); return v; }
-inline uint32_t ld_shared_u32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline uint32_t pack_bf16x2_rn(float lo, float hi) {
     return uint32_t(__float2bfloat16_rn(lo).x) | (uint32_t(__float2bfloat16_rn(hi).x) << 16);
 }

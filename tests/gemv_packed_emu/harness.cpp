@@ -26,9 +26,9 @@ int main() {
         std::string name;
         long grid, block, smem, out_elems, partial_floats, m, n, k, x_stride, half_pad, groups, split, npairs;
         float out_scale, eps;
-        int has_delta, has_norm, pre_steps;
+        int has_delta, has_norm;
         pf >> name >> grid >> block >> smem >> out_elems >> partial_floats >> m >> n >> k >> x_stride >> half_pad >> groups >>
-            split >> npairs >> out_scale >> eps >> has_delta >> has_norm >> pre_steps;
+            split >> npairs >> out_scale >> eps >> has_delta >> has_norm;
         if (const int rc = emu_bad_params(pf, dir)) return rc;
         auto it = kKernels.find(name);
         if (it == kKernels.end()) { std::fprintf(stderr, "%s: no kernel %s\n", dir.c_str(), name.c_str()); return 2; }
@@ -50,7 +50,7 @@ int main() {
         p.counters = counters.data();
         p.out_scale = out_scale;
         p.m = int(m); p.n = int(n); p.k = int(k); p.x_stride = int(x_stride); p.half_pad = int(half_pad);
-        p.groups = int(groups); p.split = int(split); p.npairs = int(npairs); p.pre_steps = pre_steps;
+        p.groups = int(groups); p.split = int(split); p.npairs = int(npairs);
         p.delta = has_delta ? delta.data() : nullptr;
         p.norm_w = has_norm ? norm_w.data() : nullptr;
         p.sum = has_delta ? out.data() : nullptr;

@@ -5,8 +5,8 @@
 //! `cuda_norm.rs`.
 
 use super::geometry::{
-    depth_suits, packed_geometry, pair_suits, pre_steps, stage_suits, staged_max_m, staged_slice_k,
-    staged_smem, PACKED_WARPS, PRE_STEP_BYTES,
+    depth_suits, packed_geometry, pair_suits, stage_suits, staged_max_m, staged_slice_k,
+    staged_smem, PACKED_WARPS,
 };
 use super::layout::PackedLayout;
 use crate::cuda::{cuda_err, facts, launch, module, Image, KernelFile, Launch};
@@ -70,12 +70,6 @@ pub(crate) struct PackedPlan {
     /// Split > 1: partial sums and the per-group arrival counters (zero between calls).
     pub(super) partial: Option<CudaSlice<f32>>,
     pub(super) counters: Option<CudaSlice<u32>>,
-    /// Row tiles per group (2: silu_mul or the pair kernel).
-    tiles: usize,
-    /// Shared-memory weight steps per warp before the PDL wait (`pre_steps` of the kernel)
-    /// and their bytes per CTA, past any staged x rows; 0 unless the knob asks.
-    pre_steps: usize,
-    pre_bytes: u32,
 }
 
 /// The staged twin of a plain one-tile plan: its function, the most tokens whose x rows
@@ -129,8 +123,7 @@ pub(super) fn grid_and_workspace(
 
 /// Plans the packed GEMV of layout `l` for token tile `nt` on `dev` (a lock and occupancy
 /// queries: call it at load); `sm80`: the sm_80 code (JIT from PTX) instead of the
-/// device's image; `pre_kb`: KB of shared memory per CTA for weight steps fetched before
-/// the PDL wait (0: none; only with PDL on an sm_90+ image).
+/// device's image.
 pub(crate) fn plan(
     dev: &CudaDevice,
     l: &PackedLayout,
@@ -138,7 +131,6 @@ pub(crate) fn plan(
     nt: usize,
     pdl: bool,
     sm80: bool,
-    pre_kb: usize,
 ) -> Result<PackedPlan> {
     if !PGEMV_NTS.contains(&nt) {
         bail!("packed NVFP4 GEMV: token tile {nt} is not one of {PGEMV_NTS:?}");
@@ -156,18 +148,7 @@ pub(crate) fn plan(
         let occ = occupancies(&f, &name, 0)?;
         let (warps, split) = packed_geometry(l.pair_groups(), l.npairs, fa.sms, &occ);
         let pdl = pdl && image.has_sm90_features();
-        let mut p = finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl)?;
-        if pdl && pre_kb > 0 {
-            plan_pre(
-                &loaded,
-                &mut p,
-                (PGEMV_PAIR_U, split),
-                pre_kb,
-                fa.sms,
-                fa.smem_optin,
-            )?;
-        }
-        return Ok(p);
+        return finish_plan(dev, (f, name), l, silu_mul, nt, (warps, split, true), pdl);
     }
     let groups = l.groups(silu_mul);
     let depths = pgemv_depths(nt, silu_mul);
@@ -199,55 +180,7 @@ pub(crate) fn plan(
             fa.smem_optin,
         )?;
     }
-    if pdl && pre_kb > 0 {
-        plan_pre(&loaded, &mut p, (u, split), pre_kb, fa.sms, fa.smem_optin)?;
-    }
     Ok(p)
-}
-
-/// The shared-memory weight steps of plan `p` (register depth `u`, `split` CTAs per
-/// group): what fits `pre_kb` KB per CTA beside the staged x rows (when the plan has a
-/// staged kernel: both kernels take the same steps) at the plan's CTAs per SM, by
-/// [`pre_steps`]. Allows the kernels the shared memory and records the steps and bytes.
-fn plan_pre(
-    loaded: &crate::cuda::Loaded,
-    p: &mut PackedPlan,
-    (u, split): (usize, usize),
-    pre_kb: usize,
-    sms: usize,
-    smem_optin: usize,
-) -> Result<()> {
-    let warps = p.launch.block as usize / 32;
-    let per_sm = (p.launch.grid.0 as usize).div_ceil(sms.max(1)) as u32;
-    let budget = pre_kb.saturating_mul(1024);
-    let shape = (p.layout.npairs, split, u);
-    let avail_of = |name: &str| -> Result<(CudaFunction, usize)> {
-        let (f, _) = loaded.function(name)?;
-        let fixed = f
-            .shared_size_bytes()
-            .map_err(|e| cuda_err(&format!("static shared memory of {name}"), e))?
-            .max(0) as usize;
-        let f = loaded.function_with_smem(name, smem_optin.saturating_sub(fixed))?;
-        let avail = f
-            .occupancy_available_dynamic_smem_per_block(per_sm, p.launch.block)
-            .map_err(|e| cuda_err(&format!("shared memory per CTA of {name}"), e))?;
-        Ok((f, avail))
-    };
-    let (f, avail) = avail_of(&p.name)?;
-    let mut steps = pre_steps(budget, avail, 0, (warps, p.tiles), shape);
-    if let Some(s) = &p.staged {
-        let (_, avail) = avail_of(&s.name)?;
-        let x = s.max_m * s.row_bytes as usize;
-        steps = steps.min(pre_steps(budget, avail, x, (warps, p.tiles), shape));
-    }
-    // steps ≤ budget / per-step bytes, which fit what the device leaves a CTA (u32).
-    let bytes = u32::try_from(steps * PRE_STEP_BYTES * warps * p.tiles)
-        .map_err(|_| cuda_err("packed GEMV", "shared-memory steps past u32"))?;
-    p.f = f;
-    p.pre_steps = steps;
-    p.pre_bytes = bytes;
-    p.launch.smem = bytes;
-    Ok(())
 }
 
 /// The staged twin of a plain one-tile plan of depth `u` and geometry `(warps, split)`
@@ -332,9 +265,6 @@ pub(super) fn finish_plan(
         split,
         partial,
         counters,
-        tiles,
-        pre_steps: 0,
-        pre_bytes: 0,
     })
 }
 
@@ -349,11 +279,6 @@ impl PackedPlan {
         }
     }
 
-    /// Shared-memory weight steps per warp before the PDL wait (0: none).
-    pub(crate) fn pre_steps(&self) -> usize {
-        self.pre_steps
-    }
-
     /// The function and launch for `m` tokens (`1 ≤ m ≤ max_m`, checked by the caller):
     /// the staged kernel with its shared memory up to its token count, else the plan's.
     fn launch_for(&self, m: usize) -> (&CudaFunction, Launch) {
@@ -361,9 +286,8 @@ impl PackedPlan {
             Some(s) if m <= s.max_m => (
                 &s.f,
                 Launch {
-                    // m ≤ max_m rows and the steps: planned to fit the device's shared
-                    // memory per CTA.
-                    smem: m as u32 * s.row_bytes + self.pre_bytes,
+                    // m ≤ max_m rows: planned to fit the device's shared memory per CTA.
+                    smem: m as u32 * s.row_bytes,
                     ..self.launch
                 },
             ),
@@ -392,7 +316,7 @@ impl PackedPlan {
             groups: self.groups as i32,
             split: self.split as i32,
             npairs: l.npairs as i32,
-            pre_steps: self.pre_steps as i32,
+            pad: 0,
             delta: 0,
             norm_w: 0,
             sum: 0,

@@ -208,7 +208,7 @@ pub(crate) fn forward_bf16(
             groups: plan.groups as i32,
             split: plan.split as i32,
             npairs: (plan.k / BW_STEP) as i32,
-            pre_steps: 0,
+            pad: 0,
             delta: 0,
             norm_w: 0,
             sum: 0,

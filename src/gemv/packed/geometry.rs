@@ -182,30 +182,6 @@ pub fn staged_max_m(slice_k: usize, limit: usize) -> usize {
         .unwrap_or(0)
 }
 
-/// Shared memory of one shared-memory weight step (`pre_steps` of `kernels/gemv_packed.cu`)
-/// of one warp and row tile: two 64-wide chunks of codes (32 lanes × 16 B each) and the
-/// pair's scale words (32 × 4 B).
-pub const PRE_STEP_BYTES: usize = 1152;
-
-/// Shared-memory weight steps per warp that a packed GEMV fetches before its PDL wait:
-/// as many whole steps ([`PRE_STEP_BYTES`] per warp and row tile) as fit in the smaller of
-/// `budget` and what the CTA has left (`avail` bytes of dynamic shared memory at the
-/// plan's occupancy, `x_bytes` of them taken by staged x rows), and no more than a warp's
-/// run (`npairs` K steps over `split` CTAs and `warps` warps) past its `u` register stages.
-/// Pure: the planner calls it once per layer.
-pub fn pre_steps(
-    budget: usize,
-    avail: usize,
-    x_bytes: usize,
-    (warps, tiles): (usize, usize),
-    (npairs, split, u): (usize, usize, usize),
-) -> usize {
-    let per_step = PRE_STEP_BYTES * warps.max(1) * tiles.max(1);
-    let room = budget.min(avail.saturating_sub(x_bytes.next_multiple_of(16)));
-    let run = npairs.div_ceil(split.max(1)).div_ceil(warps.max(1));
-    (room / per_step).min(run.saturating_sub(u))
-}
-
 /// Whether the RMSNorm in front of a packed layer of `k` input features asks L2 for its
 /// first weights on a device of peak DRAM bandwidth `mem_bw` (bytes/s; `None`: unknown,
 /// prefetch as before). Measured with the decode step's knob (`CFP4_DECODE_NO_L2_PREFETCH`,
@@ -304,30 +280,6 @@ mod tests {
 
     /// CTAs per SM of the H200 nt = 1 kernel by warps (ptxas: 106 registers, 128 cap).
     const H200: [usize; 9] = [0, 16, 8, 5, 4, 3, 2, 2, 2];
-
-    #[test]
-    fn pre_steps_fit_budget_room_and_run() {
-        // 8B down at M = 1: 8 warps, one tile, 112 K steps, split 1, u 5: a 14-step run.
-        // 96 KB budget, 113 KB left beside 28.7 KB of x rows: 84 KB of room → 9 steps.
-        let x = 14344 * 2;
-        assert_eq!(pre_steps(96 << 10, 113 << 10, x, (8, 1), (112, 1, 5)), 9);
-        // The budget binds: 48 KB → 5 steps of 9 KB.
-        assert_eq!(pre_steps(48 << 10, 200 << 10, x, (8, 1), (112, 1, 5)), 5);
-        // The run binds: 8B q|k|v, 5 warps over 32 steps (a 7-step run), u 5 → 2.
-        assert_eq!(pre_steps(96 << 10, 200 << 10, 0, (5, 1), (32, 1, 5)), 2);
-        // Two tiles (pair, silu) per step double it; x past the room, no budget, or a
-        // run within the register stages: none.
-        assert_eq!(pre_steps(96 << 10, 80 << 10, 0, (8, 2), (224, 1, 3)), 4);
-        assert_eq!(
-            pre_steps(96 << 10, 20 << 10, 30 << 10, (8, 1), (112, 1, 5)),
-            0
-        );
-        assert_eq!(pre_steps(0, 200 << 10, 0, (8, 1), (112, 1, 5)), 0);
-        assert_eq!(pre_steps(96 << 10, 200 << 10, 0, (8, 1), (32, 1, 5)), 0);
-        // The kernel's layout: one step of one warp and tile is 2 × 512 B of codes and
-        // 128 B of scale words.
-        assert_eq!(PRE_STEP_BYTES, 2 * 32 * 16 + 32 * 4);
-    }
 
     #[test]
     fn geometry_rule_on_the_measured_shapes() {

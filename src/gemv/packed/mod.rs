@@ -35,9 +35,9 @@ pub use bf16_weight::{
 };
 pub use geometry::{
     bw_geometry, depth_suits, l2_prefetch_budget, packed_geometry, packed_tile_bytes, pair_suits,
-    pre_steps, prefetch_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k,
-    staged_smem, use_norm_prologue, BW_DEEP_RUN, BW_INFLIGHT_PER_SM, NORM_K_MAX, NORM_MAX_M,
-    PACKED_WARPS, PREFETCH_FAST_DRAM, PREFETCH_FAST_DRAM_MIN_K, PRE_STEP_BYTES, STAGED_MAX_M,
+    prefetch_suits, prefetch_tiles, stage_suits, staged_max_m, staged_slice_k, staged_smem,
+    use_norm_prologue, BW_DEEP_RUN, BW_INFLIGHT_PER_SM, NORM_K_MAX, NORM_MAX_M, PACKED_WARPS,
+    PREFETCH_FAST_DRAM, PREFETCH_FAST_DRAM_MIN_K, STAGED_MAX_M,
 };
 pub use layout::{
     pack_codes, pack_scales, scale_from_t, scale_t, unpack, PackedLayout, PACKED_K_ALIGN,
@@ -361,7 +361,6 @@ impl CustomOp3 for PackedGemv {
                     nt,
                     self.pdl,
                     false,
-                    0,
                 )?;
                 cuda::forward(&p, self.global_scale, s1, l1, s2, l2, s3, l3)
             }
@@ -441,7 +440,6 @@ impl PackedNvfp4 {
                 nt,
                 pdl,
                 image == KernelImage::Sm80,
-                0,
             )?;
             return Ok(PackedGemvPlan {
                 silu_mul,
