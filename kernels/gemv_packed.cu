@@ -440,50 +440,10 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     };
 
-#ifdef CFP4_PGEMV_SMEM_PRE
-    // Harness experiment (pgemv_bench-sp, not the library): the warp's first `pre` steps
-    // copied to shared memory before the wait, the U register stages after them, so the
-    // bytes asked for before the release are (pre + U) steps instead of U. pre comes from
-    // the launch's dynamic shared memory past the x rows (the harness sizes it):
-    // [warp][pre][tile][codes chunk 0 | chunk 1 (32 lanes x 16 B each) | scale words (32 x 4 B)].
-    constexpr int PRE_BYTES = 1152;
-    int pre = 0;
-    unsigned char* pre_base = nullptr;
-    if constexpr (!BW) {
-        extern __shared__ __align__(16) unsigned char pgemv_dyn[];
-        uint32_t dyn;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        uint32_t xarea = 0;
-        if constexpr (NORM) xarea = uint32_t(p.m) * uint32_t(p.k + 8) * 2u;
-        if constexpr (XS == XSrc::Staged) {
-            const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
-            xarea = uint32_t(p.m) * uint32_t(len + 8) * 2u;
-        }
-        xarea = (xarea + 15u) & ~15u;
-        const int cap = dyn > xarea ? int((dyn - xarea) / uint32_t(warps * TILES * PRE_BYTES)) : 0;
-        pre = min(cap, max(0, np - U));
-        pre_base = pgemv_dyn + xarea + size_t(warp) * size_t(cap) * TILES * PRE_BYTES;
-        for (int q = 0; q < pre; ++q)
-#pragma unroll
-            for (int ti = 0; ti < TILES; ++ti) {
-                unsigned char* d = pre_base + (size_t(q) * TILES + ti) * PRE_BYTES;
-                cfp4::cp_async_16(d + lane * 16, wp[ti] + q * 1024);
-                cfp4::cp_async_16(d + 512 + lane * 16, wp[ti] + q * 1024 + 512);
-                const uint32_t ds = static_cast<uint32_t>(__cvta_generic_to_shared(d + 1024 + lane * 4));
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(ds), "l"(sp[ti] + q * 32) : "memory");
-            }
-        cfp4::cp_async_commit();
-    }
-    Stage<NT, SILU, PAIR, BW> st[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-        if (pre + u < np) load(st[u], pre + u);
-#else
     Stage<NT, SILU, PAIR, BW> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
         if (u < np) load(st[u], u);
-#endif
     uint4 nw0 = make_uint4(0, 0, 0, 0);
     if constexpr (NORM) {
         if (int(threadIdx.x) < p.k / 8) nw0 = __ldg(static_cast<const uint4*>(p.norm_w) + threadIdx.x);
@@ -510,11 +470,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         extern __shared__ __align__(16) unsigned char pgemv_dyn[];
         __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
         const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
-#ifdef CFP4_PGEMV_SMEM_PRE
-        const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * (U + pre), c1);
-#else
         const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * U, c1);
-#endif
         stage_x_cols(p, xs, len + 8, k0, c0, cu);
         stage_x_cols(p, xs, len + 8, k0, cu, c1);
         cfp4::cp_async_wait_group<1>();
@@ -566,37 +522,7 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
 
     // NVFP4: the warp's last pair has one chunk when it ends an odd K / 64. BW: one chunk
     // per step.
-#ifdef CFP4_PGEMV_SMEM_PRE
-    // The shared-memory steps first (never the warp's last step: np - pre >= 1), then the
-    // register pipeline from step pre on, its cursors moved past them.
-    if (pre > 0) {
-        if constexpr (XS != XSrc::Staged) cfp4::cp_async_wait_all();
-        for (int q = 0; q < pre; ++q) {
-            Stage<NT, SILU, PAIR, BW> sm;
-#pragma unroll
-            for (int ti = 0; ti < TILES; ++ti) {
-                const unsigned char* d = pre_base + (size_t(q) * TILES + ti) * PRE_BYTES;
-                sm.w[ti][0] = cfp4::ld_shared_v4(d + lane * 16);
-                sm.w[ti][1] = cfp4::ld_shared_v4(d + 512 + lane * 16);
-                sm.s[ti] = *reinterpret_cast<const volatile uint32_t*>(d + 1024 + lane * 4);
-            }
-            compute(sm, 0, STEP * q);
-            compute(sm, 1, STEP * q + 64);
-        }
-#pragma unroll
-        for (int ti = 0; ti < TILES; ++ti) {
-            wp[ti] += pre * 1024;
-            sp[ti] += pre * 32;
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) xr[j] += pre * STEP;
-    }
-    const int full = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - pre - 1 : np - pre;
-    const int nleft = np - pre;
-#else
     const int full = BW ? 0 : (w1 == p.npairs && (nchunks & 1)) ? np - 1 : np;
-    const int nleft = np;  // steps of the register pipeline
-#endif
     int i0 = 0;
     // Staged: x past the first U steps (the second cp.async group) before they are read.
     auto staged_rest = [&]() {
@@ -605,20 +531,20 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
             __syncwarp();
         }
     };
-    for (; i0 + U <= nleft; i0 += U) {
+    for (; i0 + U <= np; i0 += U) {
         if (i0 == U) staged_rest();
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             compute(st[u], 0, STEP * u);
             if (i0 + u < full) compute(st[u], 1, STEP * u + 64);
-            if (i0 + u + U < nleft) load(st[u], u + U);
+            if (i0 + u + U < np) load(st[u], u + U);
         }
         advance();
     }
     staged_rest();
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
-        if (i0 + u < nleft) {
+        if (i0 + u < np) {
             compute(st[u], 0, STEP * u);
             if (i0 + u < full) compute(st[u], 1, STEP * u + 64);
         }

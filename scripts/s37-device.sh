@@ -4,17 +4,11 @@
 #   8B and 70B layer chains under PDL with each pre-wait prefetch mode (none, register
 #   stages, 16-96 KB per CTA into shared memory): does a deeper prefetch before
 #   griddepcontrol.wait shorten the boundary, and does the release wait for it?
-<<<<<<< HEAD
 # spchain / spm1: .carry/pgemv_bench-sptl (the packed GEMV's shared-memory weight steps before
 #   the wait, CFP4_PGEMV_SMEMPRE KB per CTA, $SP_KB, default "0 48 96"; timelines on) in the
 #   8B / 70B layer chains, and the seven layers at M = 1.
 # spab: decode_bench rows (8B b1, 70B b1, 8B b8) with CFP4_DECODE_SMEM_PRE = 0 and $SPAB_KB (48 96) KB,
 #   alternating, $AB_ROUNDS rounds. sptest: gpu_gemv_packed (the steps change no bit).
-=======
-# spchain / spm1: .carry/pgemv_bench-sptl (the packed GEMV with CFP4_PGEMV_SMEM_PRE: each warp's
-#   first steps copied to shared memory before the wait, CFP4_PGEMV_SMEMPRE KB per CTA,
-#   $SP_KB, default "0 48 96") in the 8B / 70B layer chains, and the seven layers at M = 1.
->>>>>>> parent of 998587d (Packed GEMV: shared-memory weight steps before the PDL wait (GemvKnobs::smem_pre_kb, default off; pre_steps in the params' old pad slot), the planner's pure pre_steps rule, emulation cases, a GPU bit-equality test, decode_bench CFP4_DECODE_SMEM_PRE, s37 spab/sptest steps)
 # Any other step is scripts/s36-device.sh's (dproxy, ptest, tlproxy; through it s35 → s31).
 # DEADLINE_S: steps that would start later are skipped.
 set -o pipefail
@@ -44,7 +38,6 @@ spm1)
         grep -E "^copy|^\| (8B|70B)|FAIL" "$OUT/spm1-$kb.log" | cut -c1-200
     done
     ;;
-<<<<<<< HEAD
 spab)
     vs=(decode_bench)
     for kb in ${SPAB_KB:-48 96}; do vs+=("decode_bench CFP4_DECODE_SMEM_PRE=$kb"); done
@@ -55,8 +48,6 @@ spab)
 sptest)
     t gpu_gemv_packed 300
     ;;
-=======
->>>>>>> parent of 998587d (Packed GEMV: shared-memory weight steps before the PDL wait (GemvKnobs::smem_pre_kb, default off; pre_steps in the params' old pad slot), the planner's pure pre_steps rule, emulation cases, a GPU bit-equality test, decode_bench CFP4_DECODE_SMEM_PRE, s37 spab/sptest steps)
 *)
     DEADLINE_S=100000 bash scripts/s36-device.sh "$step" | grep -v "^== done"
     ;;

@@ -431,13 +431,13 @@ int main(int argc, char** argv) {
             const int nt = pl.nt, groups = pl.groups, warps = pl.warps, split = pl.split;
             const bool pair = pl.pair, deep = pl.deep;
             const PgFn kfn = pl.kfn;
-            const size_t xs_smem = pl.xs_smem, dyn_smem = pl.dyn_smem;
+            const size_t xs_smem = pl.xs_smem;
             const int nout = s.silu ? s.n / 2 : s.n;
             auto pg_launch = [&](cudaStream_t st, int i, int sp_, int wp_) {
                 const int c = i % int(L.codes.size());
                 PackedGemvParams p{L.pcodes[c], L.pscales[c], x, out, partial, counters, gs * 256.f, m, s.n, s.k, s.k,
                                    L.half_pad, groups, sp_, L.npairs, 0};
-                launch_pdl(kfn, unsigned(groups * sp_), unsigned(32 * wp_), dyn_smem, st, p);
+                launch_pdl(kfn, unsigned(groups * sp_), unsigned(32 * wp_), xs_smem, st, p);
             };
             // correctness (copy 0)
             CK(cudaMemset(out, 0xff, size_t(m) * nout * 2));
@@ -489,9 +489,7 @@ int main(int argc, char** argv) {
                 GemvParams p{L.codes[c], L.scales[c], x, out, gs * 256.f, m, s.n, s.k, s.k, L.sp, otiles, 0};
                 og_fn(nt, s.silu)<<<unsigned(std::min(otiles, sms * std::max(occ_o, 1))), 128, 0, st>>>(p);
             });
-            char pre_tag[32] = "";
-            if (pl.pre_steps) snprintf(pre_tag, sizeof pre_tag, " pre %d", pl.pre_steps);
-            printf("| %s | %dx%d | %d | %d/%d%s%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, pair ? " pair" : deep ? (xs_smem ? " deep xs" : " deep") : xs_smem ? " xs" : "", pre_tag, tp,
+            printf("| %s | %dx%d | %d | %d/%d%s | %.2f | %.0f | %.0f%% | %.2f | %.2fx |\n", s.name, s.n, s.k, m, warps, split, pair ? " pair" : deep ? (xs_smem ? " deep xs" : " deep") : xs_smem ? " xs" : "", tp,
                    wbytes / tp / 1e3, 100.0 * wbytes / tp / 1e3 / copy, to, to / tp);
             if (m == 1 && !s.silu) {
                 uint32_t* sink = counters + 1000;

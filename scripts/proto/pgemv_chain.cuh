@@ -44,9 +44,9 @@ static void chain_report(const std::vector<ChainLayer>& ch, const std::vector<un
             continue;
         }
         const double e_max = pct(end, 1.0);
-        printf("    chain %-11s w%d s%d%s pre %d: entry p0 %.2f p50 %.2f p100 %.2f | released p50 %.2f | first chunk p50 %.2f p90 %.2f | "
+        printf("    chain %-11s w%d s%d%s: entry p0 %.2f p50 %.2f p100 %.2f | released p50 %.2f | first chunk p50 %.2f p90 %.2f | "
                "loop end p50 %.2f | end p10 %.2f p50 %.2f p100 %.2f",
-               ch[i].s.name, ch[i].pl.warps, ch[i].pl.split, ch[i].pl.pair ? " pair" : ch[i].pl.xs_smem ? " xs" : "", ch[i].pl.pre_steps,
+               ch[i].s.name, ch[i].pl.warps, ch[i].pl.split, ch[i].pl.pair ? " pair" : ch[i].pl.xs_smem ? " xs" : "",
                pct(entry, 0), pct(entry, 0.5), pct(entry, 1), pct(rel, 0.5), pct(first, 0.5), pct(first, 0.9),
                pct(loop_end, 0.5), pct(end, 0.1), pct(end, 0.5), e_max);
         if (prev_end >= 0)
@@ -94,7 +94,7 @@ static void run_chain(const char* which, double copy, __nv_bfloat16* x, float* p
             const int cp = it % int(c.L.pcodes.size());
             PackedGemvParams p{c.L.pcodes[cp], c.L.pscales[cp], x, c.out, partial, counters, 0.0123f * 256.f, 1, c.s.n,
                                c.s.k, c.s.k, c.L.half_pad, c.pl.groups, c.pl.split, c.L.npairs, 0};
-            launch_pdl(c.pl.kfn, unsigned(c.pl.groups * c.pl.split), unsigned(32 * c.pl.warps), c.pl.dyn_smem, st, p);
+            launch_pdl(c.pl.kfn, unsigned(c.pl.groups * c.pl.split), unsigned(32 * c.pl.warps), c.pl.xs_smem, st, p);
         };
         spacer(0);
         gemv(ch[0]);

@@ -42,8 +42,6 @@ struct Plan {
     int nt, groups, warps, split;
     bool pair, deep;
     size_t xs_smem;
-    size_t dyn_smem;  // at launch: the staged x rows (16-aligned) and, in pgemv_bench-sp, the pre-wait stages
-    int pre_steps;    // pgemv_bench-sp: shared-memory steps per warp the launch leaves room for
 };
 static Plan plan_shape(const Shape& s, const Layer& L, int m, bool nopair, bool nostage, int smem_optin) {
     const int nt = m <= 8 ? 1 : m <= 16 ? 2 : 4;
@@ -90,23 +88,5 @@ static Plan plan_shape(const Shape& s, const Layer& L, int m, bool nopair, bool 
             xs_smem = need;
         }
     }
-    // pgemv_bench-sp (kernels built with CFP4_PGEMV_SMEM_PRE): CFP4_PGEMV_SMEMPRE=<KB> per
-    // CTA of weight steps copied to shared memory before the wait, as many whole steps
-    // (1152 B per warp and row tile) as fit beside the x rows at the grid's CTAs per SM.
-    size_t dyn = (xs_smem + 15) & ~size_t(15);
-    int pre_steps = 0;
-    if (const char* e = getenv("CFP4_PGEMV_SMEMPRE")) {
-        const int tiles = (pair || s.silu) ? 2 : 1;
-        const size_t per_step = size_t(warps) * tiles * 1152;
-        cudaFuncAttributes fa{};
-        CK(cudaFuncGetAttributes(&fa, (const void*)kfn));
-        CK(cudaFuncSetAttribute((const void*)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin - int(fa.sharedSizeBytes)));
-        size_t avail = 0;
-        CK(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, (const void*)kfn, (groups * split + sms - 1) / sms, 32 * warps));
-        const size_t cap = std::min(avail, size_t(smem_optin) - fa.sharedSizeBytes);
-        const size_t budget = std::min(size_t(atoi(e)) * 1024, cap > dyn ? cap - dyn : 0);
-        pre_steps = int(budget / per_step);
-        dyn += size_t(pre_steps) * per_step;
-    }
-    return Plan{kfn, nt, groups, warps, split, pair, deep, xs_smem, dyn, pre_steps};
+    return Plan{kfn, nt, groups, warps, split, pair, deep, xs_smem};
 }
