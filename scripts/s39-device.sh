@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Thirty-ninth session's device runs: $@ = steps; run through scripts/s39-call.sh (STEPS=...).
+# deep: .carry/pgemv_bench-u$U (the harness with its deep kernel at U pairs in flight, built
+#   by `DEEP_U=$U SUFFIX=-u$U scripts/proto/build-pgemv-bench.sh`) against .carry/pgemv_bench
+#   (U = 5), M = 1 with spacers, alternating, $DEEP_US (default "8"): does a deeper register
+#   pipeline shorten the layers with long per-warp runs on this card?
+# Any other step is scripts/s37-device.sh's (bench, benchtab, issue15, tune34, ...).
+# DEADLINE_S: steps that would start later are skipped.
+set -o pipefail
+cd "$(dirname "$0")/.."
+source scripts/device-common.sh > /dev/null
+for step in "$@"; do
+if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
+case "$step" in
+deep)
+    for round in 1 2; do for u in 5 ${DEEP_US:-8}; do
+        bin=./.carry/pgemv_bench-u$u; [ "$u" = 5 ] && bin=./.carry/pgemv_bench
+        echo "== pgemv_bench deep U = $u, round $round"
+        CFP4_PGEMV_SPACER=1 CFP4_PGEMV_M1=1 \
+            CFP4_PGEMV_ONLY="8B qkv,8B o,8B down" \
+            timeout 90 "$bin" > "$OUT/deep-u$u-r$round.log" 2>&1; echo "rc $?"
+        grep -E "^copy|^\| (8B|70B)|FAIL" "$OUT/deep-u$u-r$round.log" | cut -c1-160
+    done; done
+    ;;
+*)
+    DEADLINE_S=100000 bash scripts/s37-device.sh "$step" | grep -v "^== done"
+    ;;
+esac; done
+echo "== done $(date +%T)"
