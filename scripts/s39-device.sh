@@ -4,6 +4,9 @@
 #   by `DEEP_U=$U SUFFIX=-u$U scripts/proto/build-pgemv-bench.sh`) against .carry/pgemv_bench
 #   (U = 5), M = 1 with spacers, alternating, $DEEP_US (default "8"): does a deeper register
 #   pipeline shorten the layers with long per-warp runs on this card?
+# abu8: decode_bench (U = 5 deepest) against decode_bench_new (built with (1, false, 8) in
+#   PGEMV_KERNELS and 8 in PGEMV_STAGED_U), rows $AB_ROWS (default 8B b1 and b8), alternating,
+#   $AB_ROUNDS rounds (default 2).
 # Any other step is scripts/s37-device.sh's (bench, benchtab, issue15, tune34, ...).
 # DEADLINE_S: steps that would start later are skipped.
 set -o pipefail
@@ -21,6 +24,10 @@ deep)
             timeout 90 "$bin" > "$OUT/deep-u$u-r$round.log" 2>&1; echo "rc $?"
         grep -E "^copy|^\| (8B|70B)|FAIL" "$OUT/deep-u$u-r$round.log" | cut -c1-160
     done; done
+    ;;
+abu8)
+    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
+        AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
     ;;
 *)
     DEADLINE_S=100000 bash scripts/s37-device.sh "$step" | grep -v "^== done"
