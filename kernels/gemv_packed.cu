@@ -56,9 +56,6 @@
 #include "nvfp4_decode.cuh"
 #include "rmsnorm_math.cuh"
 #include "gemv_packed_layout.cuh"
-#ifdef CFP4_PGEMV_XTMA
-#include "bulk_copy.cuh"
-#endif
 
 namespace {
 
@@ -443,16 +440,6 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         }
     };
 
-#ifdef CFP4_PGEMV_XTMA
-    __shared__ __align__(8) uint64_t xbar[MAX_WARPS][2];
-    if constexpr (XS == XSrc::Staged) {
-        if (lane == 0) {
-            cfp4::mbarrier_init(&xbar[warp][0], 1);
-            cfp4::mbarrier_init(&xbar[warp][1], 1);
-        }
-        __syncwarp();
-    }
-#endif
     Stage<NT, SILU, PAIR, BW> st[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -484,27 +471,10 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
         __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(pgemv_dyn);
         const int k0 = STEP * s0, len = max(0, min(STEP * (s1 - s0), p.k - k0));
         const int c0 = STEP * (w0 - s0), c1 = min(STEP * (w1 - s0), len), cu = min(c0 + STEP * U, c1);
-#ifdef CFP4_PGEMV_XTMA
-        // Prototype: the same two groups as bulk copies by lane 0 (one per token row),
-        // each completing on its own barrier of the warp.
-        if (lane == 0) {
-            for (int h = 0; h < 2; ++h) {
-                const int a = h ? cu : c0, b = h ? c1 : cu, n = max(0, b - a);
-                cfp4::mbarrier_arrive_expect_tx(&xbar[warp][h], uint32_t(p.m * n * 2));
-                const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
-                if (n > 0)
-                    for (int r = 0; r < p.m; ++r)
-                        cfp4::bulk_copy_g2s(xs + r * (len + 8) + a, x + size_t(r) * p.x_stride + k0 + a, uint32_t(n * 2),
-                                            &xbar[warp][h]);
-            }
-        }
-        cfp4::mbarrier_wait(&xbar[warp][0], 0);
-#else
         stage_x_cols(p, xs, len + 8, k0, c0, cu);
         stage_x_cols(p, xs, len + 8, k0, cu, c1);
         cfp4::cp_async_wait_group<1>();
         __syncwarp();
-#endif
         xb = xs;
         xstride = size_t(len + 8);
         xcol = c0;
@@ -557,12 +527,8 @@ __device__ __forceinline__ void pgemv(const PackedGemvParams& p) {
     // Staged: x past the first U steps (the second cp.async group) before they are read.
     auto staged_rest = [&]() {
         if constexpr (XS == XSrc::Staged) {
-#ifdef CFP4_PGEMV_XTMA
-            cfp4::mbarrier_wait(&xbar[warp][1], 0);
-#else
             cfp4::cp_async_wait_all();
             __syncwarp();
-#endif
         }
     };
     for (; i0 + U <= np; i0 += U) {
