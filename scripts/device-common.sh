@@ -69,3 +69,9 @@ peers() {
 pack_logs() {
     tar -C "$OUT" -cJf "$OUT/$1-logs.tar.xz" $(cd "$OUT" && ls "$1"-*.log) && rm -f "$OUT/$1"-*.log
 }
+# past_deadline STEP: true, saying so, when STEP would start after $DEADLINE_S seconds of the
+# calling script.
+past_deadline() {
+    [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ] || return 1
+    echo "== $1: skipped (deadline)"
+}

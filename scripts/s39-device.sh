@@ -18,7 +18,7 @@ set -o pipefail
 cd "$(dirname "$0")/.."
 source scripts/device-common.sh > /dev/null
 for step in "$@"; do
-if [ "$SECONDS" -gt "${DEADLINE_S:-100000}" ]; then echo "== $step: skipped (deadline)"; continue; fi
+past_deadline "$step" && continue
 case "$step" in
 deep)
     for round in 1 2; do for u in 5 ${DEEP_US:-8}; do
