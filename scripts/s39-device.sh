@@ -9,6 +9,8 @@
 #   mbarrier, through the TMA engine), M = 1 with spacers, alternating, two rounds.
 # abx: decode_bench against decode_bench_new (built with the bulk x copy on sm_90+), rows
 #   $AB_ROWS (default 8B b1, SmolLM2 b1), $AB_ROUNDS rounds (default 2).
+# tracex: per-kernel ncu times of the 8B b1 step inside its graph, decode_bench then
+#   decode_bench_new (the TMA x copy): which kernels the bulk copy slows.
 # abu8: decode_bench (U = 5 deepest) against decode_bench_new (built with (1, false, 8) in
 #   PGEMV_KERNELS and 8 in PGEMV_STAGED_U), rows $AB_ROWS (default 8B b1 and b8), alternating,
 #   $AB_ROUNDS rounds (default 2).
@@ -42,6 +44,10 @@ xtma)
 abx)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b bf16 b1 ctx512 kvbf16 graph}" \
         AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
+    ;;
+tracex)
+    trace "8b nvfp4 b1 ctx512 kvbf16 graph" base
+    past_deadline "tracex (second build)" || TRACE_BIN=decode_bench_new trace "8b nvfp4 b1 ctx512 kvbf16 graph" xtma
     ;;
 abu8)
     AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
