@@ -339,3 +339,20 @@ impl Attention {
         self.o_out(&y)
     }
 }
+
+/// The additive causal mask of `t` tokens at positions `pos..pos + t` over `pos + t`
+/// keys, `[t, pos + t]`; none for a single token.
+pub(super) fn causal_mask(
+    t: usize,
+    pos: usize,
+    device: &Device,
+) -> candle_core::Result<Option<Tensor>> {
+    if t <= 1 {
+        return Ok(None);
+    }
+    let l = pos + t;
+    let m: Vec<f32> = (0..t)
+        .flat_map(|i| (0..l).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Some(Tensor::from_vec(m, (t, l), device)?))
+}

@@ -30,6 +30,7 @@ mod parts;
 pub mod random;
 mod step;
 
+use attention::causal_mask;
 pub use attention::Attention;
 pub use block::Block;
 pub use capture::{ignore_inputs, LinearInputs, Site};
@@ -597,17 +598,4 @@ impl Llama {
         }
         Ok(x)
     }
-}
-
-/// The additive causal mask of `t` tokens at positions `pos..pos + t` over `pos + t`
-/// keys, `[t, pos + t]`; none for a single token.
-fn causal_mask(t: usize, pos: usize, device: &Device) -> candle_core::Result<Option<Tensor>> {
-    if t <= 1 {
-        return Ok(None);
-    }
-    let l = pos + t;
-    let m: Vec<f32> = (0..t)
-        .flat_map(|i| (0..l).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 }))
-        .collect();
-    Ok(Some(Tensor::from_vec(m, (t, l), device)?))
 }
