@@ -18,7 +18,7 @@
 # DEADLINE_S: steps that would start later are skipped.
 set -o pipefail
 cd "$(dirname "$0")/.."
-source scripts/device-common.sh > /dev/null
+source scripts/device-common.sh  # prints the card's name, driver and clocks
 for step in "$@"; do
 past_deadline "$step" && continue
 case "$step" in
