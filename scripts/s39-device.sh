@@ -41,17 +41,14 @@ xtma)
         grep -E "^copy|^\| (8B|S |odd)|FAIL" "$OUT/xtma$v-r$round.log" | cut -c1-160
     done; done
     ;;
-abx)
-    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b bf16 b1 ctx512 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
+abx | abu8)
+    rows="8b nvfp4 b1 ctx512 kvbf16 graph;smollm2 nvfp4 b1 ctx512 kvbf16 graph;8b bf16 b1 ctx512 kvbf16 graph"
+    [ "$step" = abu8 ] && rows="8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph"
+    AB_ROWS="${AB_ROWS:-$rows}" AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
     ;;
 tracex)
     trace "8b nvfp4 b1 ctx512 kvbf16 graph" base
     past_deadline "tracex (second build)" || TRACE_BIN=decode_bench_new trace "8b nvfp4 b1 ctx512 kvbf16 graph" xtma
-    ;;
-abu8)
-    AB_ROWS="${AB_ROWS:-8b nvfp4 b1 ctx512 kvbf16 graph;8b nvfp4 b8 ctx512 kvbf16 graph}" \
-        AB_ROUNDS="${AB_ROUNDS:-2}" ab_binaries
     ;;
 *)
     DEADLINE_S=100000 bash scripts/s37-device.sh "$step" | grep -v "^== done"
